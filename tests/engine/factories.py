@@ -1,0 +1,32 @@
+"""Factories for CPU engine tests: a scheduler/engine over the fake runner with a small KV pool."""
+
+from __future__ import annotations
+
+from tokenflow_ray.engine.clock import VirtualClock
+from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from tokenflow_ray.engine.fake_runner import FakeRunner
+from tokenflow_ray.engine.llm_engine import LLMEngine
+
+
+def make_fake_engine(num_blocks: int = 64, block_size: int = 8, max_num_seqs: int = 16,
+                     max_num_batched_tokens: int = 64, chunked_prefill: bool = True, policy: str = "fcfs",
+                     eos_token_id: int | None = None, max_model_len: int = 4096) -> tuple[LLMEngine, FakeRunner]:
+    config = EngineConfig(
+        cache=CacheConfig(block_size=block_size, num_device_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  chunked_prefill=chunked_prefill, policy=policy))
+    runner = FakeRunner(num_blocks, block_size, eos_token_id=eos_token_id, max_model_len=max_model_len)
+    return LLMEngine(config, runner, tokenizer=None, clock=VirtualClock()), runner
+
+
+def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, list[int]]:
+    """Step until idle, checking block integrity after every step; returns tokens per stream."""
+    tokens: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return tokens
+        for out in engine.step():
+            tokens.setdefault(out.stream_id, []).extend(out.token_ids)
+        engine.check_integrity()
+        engine.clock.advance(0.01)
+    raise AssertionError("engine did not finish")

@@ -1,0 +1,80 @@
+"""AsyncLLMEngine over the fake runner: concurrent streams, disconnects free blocks, a failing step is contained."""
+
+import asyncio
+
+import pytest
+
+from tokenflow_ray.engine.async_engine import AsyncLLMEngine
+from tokenflow_ray.engine.clock import WallClock
+from tokenflow_ray.engine.sampling import SamplingParams
+from tests.engine.factories import make_fake_engine
+
+
+@pytest.fixture
+def engines():
+    engine, runner = make_fake_engine(num_blocks=64)
+    engine.clock = WallClock()
+    aengine = AsyncLLMEngine(engine, idle_wait_s=0.01)
+    yield aengine, runner
+    aengine.shutdown()
+
+
+async def _collect(aengine, prompt, n):
+    tokens = []
+    async for out in aengine.generate(prompt, SamplingParams(max_tokens=n)):
+        tokens.extend(out.token_ids)
+        last = out
+    return tokens, last.finish_reason
+
+
+async def test_concurrent_streams_match_reference(engines):
+    aengine, runner = engines
+    prompts = [[i + 1] * (3 + i) for i in range(8)]
+    results = await asyncio.gather(*(_collect(aengine, p, 10 + i) for i, p in enumerate(prompts)))
+    for i, (tokens, reason) in enumerate(results):
+        assert tokens == runner.reference(prompts[i], 10 + i) and reason == "length"
+    await aengine.call(aengine.engine.check_integrity)
+    assert await aengine.call(lambda: aengine.engine.pool.num_free) == 64
+
+
+async def test_consumer_that_stops_reading_frees_its_blocks(engines):
+    aengine, _ = engines
+    gen = aengine.generate([1, 2, 3], SamplingParams(max_tokens=10_000))
+    async for _ in gen:
+        break  # the client went away after its first token
+    await gen.aclose()
+    for _ in range(100):
+        if await aengine.call(lambda: aengine.engine.pool.num_free) == 64:
+            break
+        await asyncio.sleep(0.01)
+    assert await aengine.call(lambda: aengine.engine.pool.num_free) == 64
+    await aengine.call(aengine.engine.check_integrity)
+
+
+async def test_bad_request_raises_to_caller_only(engines):
+    aengine, runner = engines
+    with pytest.raises(ValueError, match="prompt"):
+        async for _ in aengine.generate([], SamplingParams()):
+            pass
+    tokens, _ = await _collect(aengine, [5, 6], 4)
+    assert tokens == runner.reference([5, 6], 4)
+
+
+async def test_failing_step_fails_live_streams_and_engine_keeps_serving(engines):
+    aengine, runner = engines
+    real = runner.execute
+    calls = {"n": 0}
+
+    def flaky(plan):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device error")
+        return real(plan)
+
+    runner.execute = flaky
+    with pytest.raises(RuntimeError, match="device error"):
+        await _collect(aengine, [7, 7, 7], 50)
+    await aengine.call(aengine.engine.check_integrity)
+    assert await aengine.call(lambda: aengine.engine.pool.num_free) == 64
+    tokens, _ = await _collect(aengine, [8], 5)
+    assert len(tokens) == 5

@@ -1,0 +1,167 @@
+"""`tokenflow bench engine`: decode tok/s of our engine vs HF `generate` (static batch) and HF `generate_batch`
+(continuous batching), on the same model directory, dtype and prompts, in one run; plus the roofline and a
+mixed-output-length workload.
+
+Decode throughput isolates decoding from prefill for every system the same way: run the batch to N new tokens and
+to 1 new token, and divide the B·(N−1) extra tokens by the extra time. Each figure is the median of --repeats runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tokenflow_ray.bench.roofline import model_roofline
+from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenflow_ray.engine.llm_engine import LLMEngine
+from tokenflow_ray.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineBenchConfig:
+    model: str = "embedded"
+    dtype: str = "float32"
+    batches: tuple[int, ...] = (1, 8, 32, 64)
+    prompt_len: int = 64
+    new_tokens: int = 128
+    repeats: int = 3
+    mixed_requests: int = 64
+    mixed_min_tokens: int = 16
+    mixed_max_tokens: int = 256
+    hf_static_batch: int = 32  # HF generate runs the mixed workload in batches of this size
+    generate_batch: bool = True  # include HF generate_batch (slow: it is the like-for-like continuous batcher)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.batches or any(b <= 0 for b in self.batches):
+            raise ValueError("batch: batch sizes must be positive integers")
+        if self.prompt_len <= 0 or self.new_tokens < 2 or self.repeats <= 0:
+            raise ValueError("prompt_len, new_tokens (>= 2) and repeats must be positive")
+        if not 0 < self.mixed_min_tokens <= self.mixed_max_tokens:
+            raise ValueError("mixed token range: need 0 < min <= max")
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(min(vocab, 256)) for _ in range(length)] for _ in range(n)]
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _decode_tok_s(runs: dict[str, Callable[[int], object]], batch: int, n: int, repeats: int) -> dict[str, float]:
+    """Systems take turns within each repeat, so load from elsewhere on the machine hits them alike."""
+    for run in runs.values():
+        run(2)  # warm-up
+    full: dict[str, list[float]] = {k: [] for k in runs}
+    first: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            full[name].append(_median_time(lambda run=run: run(n), 1))
+            first[name].append(_median_time(lambda run=run: run(1), 1))
+    return {k: batch * (n - 1) / max(statistics.median(full[k]) - statistics.median(first[k]), 1e-9) for k in runs}
+
+
+class _Systems:
+    """The three systems on one model directory."""
+
+    def __init__(self, cfg: EngineBenchConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        max_batch = max(max(cfg.batches), cfg.mixed_requests)
+        ctx = cfg.prompt_len + max(cfg.new_tokens, cfg.mixed_max_tokens)
+        block = 16
+        self.engine = LLMEngine.from_config(EngineConfig(
+            model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu"),
+            cache=CacheConfig(block_size=block, num_device_blocks=max_batch * (-(-ctx // block)) + 8),
+            scheduler=SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * 4))))
+        self.vocab = self.engine.runner.info.vocab_size
+        dtype = self.engine.runner.dtype
+        self.hf = AutoModelForCausalLM.from_pretrained(self.engine.runner.model_dir, dtype=dtype).eval()
+        self.pad = self.engine.tokenizer.pad_token_id or 0
+
+    def ours(self, prompts: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
+        self.engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
+        return sum(lengths)
+
+    @torch.inference_mode()
+    def hf_generate(self, prompts: Sequence[Sequence[int]], n: int) -> None:
+        x = torch.tensor(prompts)
+        self.hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         pad_token_id=self.pad)
+
+    @torch.inference_mode()
+    def hf_generate_batch(self, prompts: Sequence[Sequence[int]], n: int) -> None:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                               pad_token_id=self.pad)
+        self.hf.generate_batch([list(p) for p in prompts], generation_config=gen, progress_bar=False)
+
+
+def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = print) -> dict:
+    systems = _Systems(cfg)
+    results: dict[str, dict] = {}
+    for batch in cfg.batches:
+        prompts = _prompts(batch, cfg.prompt_len, systems.vocab, cfg.seed + batch)
+        runs = {"ours_tok_s": lambda n, p=prompts, b=batch: systems.ours(p, [n] * b),
+                "hf_generate_tok_s": lambda n, p=prompts: systems.hf_generate(p, n)}
+        if cfg.generate_batch:
+            runs["hf_generate_batch_tok_s"] = lambda n, p=prompts: systems.hf_generate_batch(p, n)
+        row: dict = _decode_tok_s(runs, batch, cfg.new_tokens, cfg.repeats)
+        runner = systems.engine.runner
+        roof = model_roofline(runner.model, cfg.prompt_len + cfg.new_tokens // 2, runner.dtype)
+        row["roofline_tok_s"] = roof.tok_s(batch)
+        row["ours_vs_hf_generate"] = row["ours_tok_s"] / row["hf_generate_tok_s"]
+        if "hf_generate_batch_tok_s" in row:
+            row["ours_vs_hf_generate_batch"] = row["ours_tok_s"] / row["hf_generate_batch_tok_s"]
+        row["ours_vs_roofline"] = row["ours_tok_s"] / row["roofline_tok_s"]
+        row["roofline"] = asdict(roof)
+        results[str(batch)] = row
+        progress(f"batch {batch:>3}: ours {row['ours_tok_s']:8.0f} tok/s | HF generate {row['hf_generate_tok_s']:8.0f}"
+                 + (f" | HF generate_batch {row['hf_generate_batch_tok_s']:8.0f}" if cfg.generate_batch else "")
+                 + f" | roofline {row['roofline_tok_s']:8.0f}")
+
+    mixed = _mixed(cfg, systems)
+    progress(f"mixed ({cfg.mixed_requests} requests, {cfg.mixed_min_tokens}-{cfg.mixed_max_tokens} new tokens): "
+             f"ours {mixed['mixed_ours_tok_s']:.0f} tok/s | HF generate x{cfg.hf_static_batch} "
+             f"{mixed['mixed_hf_generate_tok_s']:.0f} tok/s")
+    out = {"model": cfg.model, "dtype": cfg.dtype, "device": "cpu", "threads": torch.get_num_threads(),
+           "config": asdict(cfg), "results": results, **mixed}
+    headline = str(32 if 32 in cfg.batches else cfg.batches[-1])
+    out["batch"] = int(headline)
+    out.update({k: v for k, v in results[headline].items() if k != "roofline"})
+    return out
+
+
+def _mixed(cfg: EngineBenchConfig, systems: _Systems) -> dict:
+    rng = random.Random(cfg.seed)
+    prompts = _prompts(cfg.mixed_requests, cfg.prompt_len, systems.vocab, cfg.seed + 999)
+    lengths = [rng.randint(cfg.mixed_min_tokens, cfg.mixed_max_tokens) for _ in prompts]
+    useful = sum(lengths)
+
+    def hf_static() -> None:
+        for i in range(0, len(prompts), cfg.hf_static_batch):  # static batching runs to the longest in each batch
+            systems.hf_generate(prompts[i:i + cfg.hf_static_batch], max(lengths[i:i + cfg.hf_static_batch]))
+
+    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    for _ in range(cfg.repeats):
+        times["ours"].append(_median_time(lambda: systems.ours(prompts, lengths), 1))
+        times["hf"].append(_median_time(hf_static, 1))
+    ours, hf = statistics.median(times["ours"]), statistics.median(times["hf"])
+    return {"mixed_ours_tok_s": useful / ours, "mixed_hf_generate_tok_s": useful / hf,
+            "mixed_ours_vs_hf_generate": hf / ours, "mixed_useful_tokens": useful}

@@ -1,0 +1,58 @@
+"""Per-step lower bound for decoding: max(weight bytes / copy bandwidth, step FLOPs / matmul FLOP/s), measured here."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Roofline:
+    copy_gb_s: float  # bytes of a large tensor copied per second (counted once)
+    matmul_gflop_s: float
+    weight_bytes: int  # streamed every step: all weights but the embedding table (gathered, not streamed)
+    flops_per_token: float
+
+    def step_s(self, batch: int) -> float:
+        return max(self.weight_bytes / (self.copy_gb_s * 1e9), batch * self.flops_per_token / (self.matmul_gflop_s * 1e9))
+
+    def tok_s(self, batch: int) -> float:
+        return batch / self.step_s(batch)
+
+
+def measure_copy_gb_s(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def measure_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def model_roofline(model: torch.nn.Module, context_len: int, dtype: torch.dtype) -> Roofline:
+    """FLOPs per decoded token: 2 per weight in the linear layers plus attention over context_len tokens."""
+    embed = model.embed.weight
+    linear = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and p is not embed)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+    c = model.config
+    attn = 4 * c.num_hidden_layers * c.num_attention_heads * model.head_dim * context_len
+    return Roofline(copy_gb_s=measure_copy_gb_s(), matmul_gflop_s=measure_matmul_gflop_s(dtype=dtype),
+                    weight_bytes=weight_bytes, flops_per_token=2 * linear + attn)

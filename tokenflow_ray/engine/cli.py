@@ -1,0 +1,41 @@
+"""`tokenflow generate`: one prompt through the engine, printed whole or streamed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tokenflow_ray.engine.config import EngineConfig, ModelConfig
+    from tokenflow_ray.engine.llm_engine import LLMEngine
+    from tokenflow_ray.engine.sampling import SamplingParams
+
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
+    engine = LLMEngine.from_config(EngineConfig(model=ModelConfig(model=args.model, dtype=args.dtype,
+                                                                  device=args.device)))
+    if args.stream:
+        for out in engine.stream(args.prompt, sampling):
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    else:
+        print(engine.generate([args.prompt], sampling)[0].text)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt with the engine")
+    p.add_argument("--model", default="embedded", help="local HF model directory, hub id, or 'embedded'")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto")
+    p.set_defaults(handler=_generate)

@@ -1,0 +1,61 @@
+"""Frozen, validated engine configuration. Pure Python: the simulator and tests build these without torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = EMBEDDED_MODEL  # local HF model directory, hub id, or "embedded"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    device: str = "auto"  # auto: cuda if available else cpu
+    max_model_len: int | None = None  # None: the model config's max_position_embeddings
+    seed: int = 0  # seeds the engine's default sampling generator
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model), "model: must name a local directory, a hub id or 'embedded'")
+        _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype: unknown dtype {self.dtype!r}")
+        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+                 f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
+        _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block; flash-attn's paged kernels want a multiple of 16 (256 on old builds)
+    num_device_blocks: int = 1024  # device KV pool size, in blocks
+    num_host_blocks: int = 0  # CPU spill store size, in blocks (0: no spill store, recompute only)
+
+    def __post_init__(self) -> None:
+        _require(self.block_size > 0 and self.block_size % 8 == 0, "block_size: must be a positive multiple of 8")
+        _require(self.num_device_blocks > 0, "num_device_blocks: must be positive")
+        _require(self.num_host_blocks >= 0, "num_host_blocks: must be >= 0")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # most streams in one step's batch
+    max_num_batched_tokens: int = 512  # token budget per step (decode tokens + prefill chunk tokens)
+    chunked_prefill: bool = True  # False: a prompt is prefilled whole or not at all this step
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs > 0, "max_num_seqs: must be positive")
+        _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens: must be positive")
+        _require(self.max_num_batched_tokens >= self.max_num_seqs,
+                 "max_num_batched_tokens: must be >= max_num_seqs so every running stream can decode each step")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

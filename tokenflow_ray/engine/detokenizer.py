@@ -1,0 +1,131 @@
+"""Incremental detokenisation that never emits a broken UTF-8 sequence, and stop-string matching.
+
+Byte-level BPE tokenizers (GPT-2 style: the embedded model, Llama-3, Qwen2) get a token -> bytes table built once,
+and each stream feeds bytes through an incremental UTF-8 decoder: a multi-byte character split across tokens is held
+back until complete; invalid bytes become U+FFFD. Other tokenizers (SentencePiece) fall back to decoding a short
+window of tokens and emitting the new suffix once it no longer ends in an incomplete character.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+REPLACEMENT = "\ufffd"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+class StreamDecoder(Protocol):
+    def feed(self, token_id: int) -> str: ...
+    def flush(self) -> str: ...
+
+
+class ByteTableDecoder:
+    def __init__(self, table: Sequence[bytes]) -> None:
+        self._table = table
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        piece = self._table[token_id] if 0 <= token_id < len(self._table) else b""
+        return self._utf8.decode(piece)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class WindowDecoder:
+    """Fallback for tokenizers without a byte table (vLLM's prefix/read-offset method)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # tokens already turned into emitted text
+
+    def feed(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=True)
+        full_text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=True)
+        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT):
+            return ""  # an incomplete character: wait for the next token
+        self._prefix, self._read = self._read, len(self._ids)
+        return full_text[len(prefix_text):]
+
+    def flush(self) -> str:
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=True)
+        full_text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=True)
+        self._prefix = self._read = len(self._ids)
+        return full_text[len(prefix_text):]
+
+
+class DecoderFactory:
+    """Builds one StreamDecoder per stream for a given HF tokenizer (the byte table is built once)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._table = _byte_table(tokenizer)
+
+    def new(self) -> StreamDecoder:
+        return ByteTableDecoder(self._table) if self._table is not None else WindowDecoder(self._tokenizer)
+
+
+def _byte_table(tokenizer: Any) -> list[bytes] | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None or type(decoder).__name__ != "ByteLevel":
+        return None
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    added = {i for i in getattr(tokenizer, "added_tokens_decoder", {})}
+    table: list[bytes] = []
+    for token_id in range(len(tokenizer)):
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        if token is None or token_id in special or token_id in added:
+            table.append(b"")  # special and added tokens are skipped in output text
+            continue
+        try:
+            table.append(bytes(inverse[c] for c in token))
+        except KeyError:
+            return None  # not a pure byte-level vocabulary after all
+    return table
+
+
+@dataclass
+class StopMatcher:
+    """Holds back text that could still become a stop string; cuts the text at the first stop string."""
+
+    stops: tuple[str, ...]
+    _pending: str = field(default="")
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, stopped)."""
+        if not self.stops:
+            return text, False
+        buf = self._pending + text
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._pending = ""
+            return buf[:cut], True
+        hold = max((k for s in self.stops for k in range(min(len(s) - 1, len(buf)), 0, -1)
+                    if buf.endswith(s[:k])), default=0)
+        self._pending = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out

@@ -1,0 +1,64 @@
+"""A model runner without a model, for CPU tests and the simulator.
+
+It keeps a fake paged KV store (one token id per slot) and writes every scheduled chunk into the slots its block
+table names. The next token is a hash of the context read *back from those blocks*, so a wrong block table, a block
+shared by two streams or a stale block changes the output, exactly as it would corrupt a real model's attention.
+"""
+
+from __future__ import annotations
+
+from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan, StepResult
+from tokenflow_ray.engine.runner_api import ModelInfo
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 256, max_model_len: int = 4096,
+                 eos_token_id: int | None = None) -> None:
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.slots: list[int | None] = [None] * (num_blocks * block_size)
+        self.info = ModelInfo(name="fake", vocab_size=vocab_size, max_model_len=max_model_len,
+                              eos_token_ids=frozenset() if eos_token_id is None else frozenset({eos_token_id}),
+                              kv_bytes_per_token=64)
+        self.steps = 0
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.steps += 1
+        sampled: dict[str, int] = {}
+        for chunk in (*plan.decodes, *plan.prefills):
+            self._write(chunk)
+            if chunk.sample:
+                sampled[chunk.stream_id] = self.next_token(self._read(chunk, chunk.start_pos + len(chunk.token_ids)))
+        return StepResult(step_id=plan.step_id, sampled=sampled)
+
+    def next_token(self, context: list[int]) -> int:
+        """The reference 'model': a deterministic function of the whole context."""
+        h = len(context)
+        for i, t in enumerate(context):
+            h = (h * 1_000_003 + (i + 1) * (t + 7)) % 2_147_483_647
+        return h % self.vocab_size
+
+    def _slot(self, chunk: ScheduledChunk, pos: int) -> int:
+        return chunk.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _write(self, chunk: ScheduledChunk) -> None:
+        for i, t in enumerate(chunk.token_ids):
+            self.slots[self._slot(chunk, chunk.start_pos + i)] = t
+
+    def _read(self, chunk: ScheduledChunk, length: int) -> list[int]:
+        context = [self.slots[self._slot(chunk, p)] for p in range(length)]
+        if any(t is None for t in context):
+            raise AssertionError(f"{chunk.stream_id}: reads a KV slot that was never written")
+        return context  # type: ignore[return-value]
+
+    def reference(self, prompt: list[int], max_tokens: int) -> list[int]:
+        """What an uninterrupted, unbatched run produces."""
+        ctx = list(prompt)
+        out: list[int] = []
+        for _ in range(max_tokens):
+            t = self.next_token(ctx)
+            out.append(t)
+            ctx.append(t)
+            if t in self.info.eos_token_ids:
+                break
+        return out

@@ -1,0 +1,165 @@
+"""LLMEngine: add_request / abort / step, plus blocking helpers. Single-threaded; see async_engine for the loop.
+
+Pure Python: the runner (torch) is passed in or built by `LLMEngine.from_config`, which imports it lazily.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenflow_ray.engine.block_pool import BlockPool
+from tokenflow_ray.engine.clock import Clock, WallClock
+from tokenflow_ray.engine.config import EngineConfig
+from tokenflow_ray.engine.detokenizer import DecoderFactory, StopMatcher, StreamDecoder
+from tokenflow_ray.engine.outputs import GenerationResult, StreamOutput
+from tokenflow_ray.engine.runner_api import ModelRunner, encode_prompt
+from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.engine.scheduler import Scheduler
+from tokenflow_ray.engine.stream import Stream, StreamStatus
+
+
+@dataclass
+class _TextState:
+    decoder: StreamDecoder
+    stops: StopMatcher
+    text: list[str] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, tokenizer: Any,
+                 clock: Clock | None = None) -> None:
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.clock = clock or WallClock()
+        self.pool = BlockPool(config.cache.num_device_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.pool)
+        self._decoders = DecoderFactory(tokenizer) if tokenizer is not None else None
+        self._text: dict[str, _TextState] = {}
+        self._pending: list[StreamOutput] = []  # outputs produced outside step(): aborts
+        info = runner.info
+        # A stream may not outgrow the model's context nor the whole device pool (it would preempt itself forever).
+        self.max_total_tokens = min(info.max_model_len, config.cache.num_device_blocks * config.cache.block_size)
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig | None = None, clock: Clock | None = None) -> LLMEngine:
+        from tokenflow_ray.runner.model_runner import TorchModelRunner  # torch lives behind this import
+
+        config = config or EngineConfig()
+        runner = TorchModelRunner(config)
+        return cls(config, runner, runner.tokenizer, clock)
+
+    # ---- requests ---------------------------------------------------------------------------------------------
+    def add_request(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
+                    stream_id: str | None = None, arrival_time: float | None = None) -> str:
+        sampling = sampling or SamplingParams()
+        token_ids = self._prompt_ids(prompt)
+        vocab = self.runner.info.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        stream_id = stream_id or f"cmpl-{uuid.uuid4().hex[:16]}-{next(self._ids)}"
+        stream = Stream(stream_id=stream_id, prompt_token_ids=tuple(token_ids), sampling=sampling,
+                        arrival_time=self.clock.now() if arrival_time is None else arrival_time,
+                        max_total_tokens=self.max_total_tokens, eos_token_ids=self.runner.info.eos_token_ids)
+        self.scheduler.add(stream)
+        if self._decoders is not None:
+            self._text[stream_id] = _TextState(self._decoders.new(), StopMatcher(sampling.stop))
+        return stream_id
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            if self.tokenizer is None:
+                raise ValueError("prompt: text prompts need a tokenizer; pass token ids")
+            return encode_prompt(self.tokenizer, prompt)
+        ids = list(prompt)
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise ValueError("prompt: token ids must be integers")
+        return ids
+
+    def abort(self, stream_id: str) -> bool:
+        stream = self.scheduler.finish(stream_id, StreamStatus.FINISHED_ABORTED)
+        if stream is None:
+            return False
+        self._text.pop(stream_id, None)
+        self._pending.append(StreamOutput(stream_id, (), "", True, "abort", stream.num_prompt_tokens,
+                                          stream.num_output_tokens))
+        return True
+
+    def step_outputs_discard(self, stream_id: str | None) -> None:
+        """Drop pending abort notices (of one stream, or all): their consumer already knows."""
+        self._pending = [o for o in self._pending if stream_id is not None and o.stream_id != stream_id]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or bool(self._pending)
+
+    def get_stream(self, stream_id: str) -> Stream | None:
+        return self.scheduler.streams.get(stream_id)
+
+    # ---- one step ---------------------------------------------------------------------------------------------
+    def step(self) -> list[StreamOutput]:
+        outputs, self._pending = self._pending, []
+        plan = self.scheduler.schedule(self.clock.now())
+        if plan.is_empty and not plan.finished:
+            return outputs
+        result = self.runner.execute(plan)
+        for stream, token in self.scheduler.update(plan, result, self.clock.now()):
+            outputs.append(self._output(stream, token))
+        return outputs
+
+    def _output(self, stream: Stream, token: int) -> StreamOutput:
+        text = ""
+        state = self._text.get(stream.stream_id)
+        if state is not None:
+            text, stopped = state.stops.push(state.decoder.feed(token))
+            if stopped and not stream.status.finished:
+                self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED)
+            elif stream.status.finished and not stopped:
+                text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
+        finished = stream.status.finished
+        if finished:
+            self._text.pop(stream.stream_id, None)
+        return StreamOutput(stream.stream_id, (token,), text, finished, stream.status.finish_reason,
+                            stream.num_prompt_tokens, stream.num_output_tokens)
+
+    # ---- blocking helpers -------------------------------------------------------------------------------------
+    def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Iterator[StreamOutput]:
+        """Run the engine until this stream ends, yielding its deltas (other streams advance too)."""
+        stream_id = self.add_request(prompt, sampling)
+        try:
+            while True:
+                for out in self.step():
+                    if out.stream_id == stream_id:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.abort(stream_id)
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[GenerationResult]:
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        ids = [self.add_request(p, s) for p, s in zip(prompts, params)]
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        texts: dict[str, list[str]] = {i: [] for i in ids}
+        reasons: dict[str, str | None] = {}
+        prompt_ids = {i: self.scheduler.streams[i].prompt_token_ids for i in ids}
+        while len(reasons) < len(ids):
+            for out in self.step():
+                if out.stream_id in tokens:
+                    tokens[out.stream_id].extend(out.token_ids)
+                    texts[out.stream_id].append(out.text)
+                    if out.finished:
+                        reasons[out.stream_id] = out.finish_reason
+        return [GenerationResult(i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), reasons[i]) for i in ids]
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()

@@ -1,0 +1,87 @@
+"""Per-stream state: a few counters plus the token lists; everything else is derived by properties."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tokenflow_ray.engine.sampling import SamplingParams
+
+
+class StreamStatus(enum.IntEnum):
+    """Ordered: everything at or above FINISHED_STOPPED is terminal."""
+
+    WAITING = 0  # needs its KV (re)computed from scratch: new, or preempted by recompute
+    RUNNING = 1  # owns device blocks
+    FINISHED_STOPPED = 2  # eos, a stop token or a stop string
+    FINISHED_LENGTH = 3  # max_tokens or the context limit
+    FINISHED_ABORTED = 4  # cancelled by the client or rejected
+
+    @property
+    def finished(self) -> bool:
+        return self >= StreamStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {StreamStatus.FINISHED_STOPPED: "stop", StreamStatus.FINISHED_LENGTH: "length",
+                StreamStatus.FINISHED_ABORTED: "abort"}.get(self)
+
+
+@dataclass(eq=False)
+class Stream:
+    stream_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    arrival_time: float
+    max_total_tokens: int  # context limit for this stream: min(model context, KV pool capacity)
+    eos_token_ids: frozenset[int] = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the device cache
+    block_ids: list[int] = field(default_factory=list)  # device blocks, in order
+    status: StreamStatus = StreamStatus.WAITING
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0  # tokens whose KV was computed again after a recompute preemption
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt: must contain at least one token")
+        if len(self.prompt_token_ids) >= self.max_total_tokens:
+            raise ValueError(f"prompt: {len(self.prompt_token_ids)} tokens leaves no room to generate within the "
+                             f"context limit of {self.max_total_tokens} tokens")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> tuple[int, ...]:
+        """Tokens [start, end) of prompt + output, without building the whole list."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return tuple(self.output_token_ids[start - p:end - p])
+        return self.prompt_token_ids[start:] + tuple(self.output_token_ids[:end - p])
+
+    def stop_reason_after_append(self, token_id: int) -> StreamStatus | None:
+        """The terminal status reached by having just appended token_id, if any (stop strings are the engine's)."""
+        sp = self.sampling
+        if not sp.ignore_eos and token_id in self.eos_token_ids:
+            return StreamStatus.FINISHED_STOPPED
+        if token_id in sp.stop_token_ids:
+            return StreamStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= sp.max_tokens or self.num_tokens >= self.max_total_tokens:
+            return StreamStatus.FINISHED_LENGTH
+        return None

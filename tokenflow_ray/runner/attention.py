@@ -1,0 +1,143 @@
+"""Attention over the paged KV pool, behind one interface.
+
+Token layout of a step: the D decode tokens first, then each prefill chunk's tokens. Every backend first writes the
+step's new K/V into the pool slots (slot = block * block_size + offset), then attends over each stream's context
+through its block table, so prefill, decode, chunked prefill and resumed streams all read the same pool.
+
+- `SdpaPagedAttention`: torch SDPA (CPU, or GPU without flash-attn). Decodes are one batched call: query heads are
+  grouped per KV head ([D, kv_heads, group, head_dim]), so GQA needs no KV repeat; blocks are gathered by index.
+- `FlashPagedAttention`: flash-attn's `flash_attn_with_kvcache` with block tables, no gather at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefillSpan:
+    start: int  # first token of the chunk in the step's flat batch
+    end: int
+    start_pos: int  # position of that token in its stream (tokens before it are already in the pool)
+    block_table: torch.Tensor  # [blocks] long (int32 for flash)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None  # [D, max_blocks]
+    decode_seq_lens: torch.Tensor | None  # [D] context length including the new token
+    decode_mask: torch.Tensor | None  # [D, 1, 1, max_blocks * block_size] bool (SDPA only)
+    prefills: list[PrefillSpan]
+    scale: float
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def forward(self, q_THD: torch.Tensor, k_THD: torch.Tensor, v_THD: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor: ...
+
+
+def write_kv(k_THD: torch.Tensor, v_THD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k_cache/v_cache: [blocks, block_size, kv_heads, head_dim]; flattened, a slot is one row."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k_THD)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v_THD)
+
+
+class SdpaPagedAttention:
+    name = "sdpa"
+
+    def forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k_THD, v_THD, k_cache, v_cache, meta.slot_mapping)
+        T, H, Dh = q_THD.shape
+        kvh = k_cache.shape[2]
+        out_THD = torch.empty_like(q_THD)
+        D = meta.num_decodes
+        if D:
+            q_DKGD = q_THD[:D].view(D, kvh, H // kvh, Dh)
+            k_DKLD = k_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+            v_DKLD = v_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q_DKGD, k_DKLD, v_DKLD, attn_mask=meta.decode_mask, scale=meta.scale)
+            out_THD[:D] = o.reshape(D, H, Dh)
+        for span in meta.prefills:
+            C = span.end - span.start
+            ctx = span.start_pos + C
+            q_1HCD = q_THD[span.start:span.end].transpose(0, 1).unsqueeze(0)
+            if span.start_pos == 0:  # whole context is this chunk: use it directly, plain causal mask
+                k_ctx, v_ctx, mask, causal = k_THD[span.start:span.end], v_THD[span.start:span.end], None, True
+            else:
+                k_ctx = k_cache[span.block_table].flatten(0, 1)[:ctx]
+                v_ctx = v_cache[span.block_table].flatten(0, 1)[:ctx]
+                rows = torch.arange(span.start_pos, ctx, device=q_THD.device)
+                mask = torch.arange(ctx, device=q_THD.device)[None, :] <= rows[:, None]
+                causal = False
+            o = F.scaled_dot_product_attention(q_1HCD, k_ctx.transpose(0, 1).unsqueeze(0),
+                                               v_ctx.transpose(0, 1).unsqueeze(0), attn_mask=mask,
+                                               is_causal=causal, scale=meta.scale, enable_gqa=True)
+            out_THD[span.start:span.end] = o[0].transpose(0, 1)
+        return out_THD.view(T, H * Dh)
+
+
+class FlashPagedAttention:
+    """flash-attn 2 paged KV: block tables are read by the kernel; the pool's block size must suit the build."""
+
+    name = "flash"
+
+    def __init__(self) -> None:
+        from flash_attn import flash_attn_with_kvcache
+
+        self._fn = flash_attn_with_kvcache
+
+    def forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k_THD, v_THD, k_cache, v_cache, meta.slot_mapping)
+        T, H, Dh = q_THD.shape
+        out_THD = torch.empty_like(q_THD)
+        D = meta.num_decodes
+        if D:
+            out_THD[:D] = self._fn(q_THD[:D].unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.decode_seq_lens,
+                                   block_table=meta.decode_block_tables, softmax_scale=meta.scale,
+                                   causal=True)[:, 0]
+        for span in meta.prefills:
+            seqlen = torch.tensor([span.start_pos + span.end - span.start], dtype=torch.int32, device=q_THD.device)
+            # causal=True aligns the chunk's queries to the end of the context: query i sees start_pos + i.
+            out_THD[span.start:span.end] = self._fn(q_THD[span.start:span.end].unsqueeze(0), k_cache, v_cache,
+                                                    cache_seqlens=seqlen, block_table=span.block_table[None],
+                                                    softmax_scale=meta.scale, causal=True)[0]
+        return out_THD.view(T, H * Dh)
+
+
+def flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def select_backend(device: torch.device, block_size: int, prefer: str = "auto") -> AttentionBackend:
+    """flash-attn on CUDA when importable and the block size suits its paged kernel; SDPA otherwise."""
+    if prefer not in ("auto", "flash", "sdpa"):
+        raise ValueError(f"attention_backend: unknown backend {prefer!r}")
+    if prefer == "sdpa" or device.type != "cuda":
+        if prefer == "flash":
+            raise ValueError("attention_backend: flash-attn needs a CUDA device")
+        return SdpaPagedAttention()
+    if not flash_attn_available():
+        if prefer == "flash":
+            raise ValueError("attention_backend: flash-attn is not installed (pip install .[gpu])")
+        log.info("flash-attn not importable; using torch SDPA over paged KV")
+        return SdpaPagedAttention()
+    if block_size % 256 and prefer == "auto":
+        log.warning("flash-attn 2 paged KV wants block_size % 256 == 0 (got %d); using torch SDPA", block_size)
+        return SdpaPagedAttention()
+    return FlashPagedAttention()

@@ -1,0 +1,150 @@
+"""TorchModelRunner: owns the model, the device KV pool and sampling state; turns a StepPlan into a StepResult."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from tokenflow_ray.engine.config import EngineConfig
+from tokenflow_ray.engine.plan import StepPlan, StepResult
+from tokenflow_ray.engine.runner_api import ModelInfo
+from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.models.llama import LlamaForPagedLM
+from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
+from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan, select_backend
+from tokenflow_ray.runner.sampler import sample
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but no CUDA device is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class TorchModelRunner:
+    def __init__(self, config: EngineConfig, attention_backend: str = "auto") -> None:
+        mc, cc = config.model, config.cache
+        self.device = resolve_device(mc.device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        self.model_dir = resolve_model_dir(mc.model)
+        hf_config = load_hf_config(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        with torch.device("meta"):
+            model = LlamaForPagedLM(hf_config)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        model.load_weights(iter_safetensors(self.model_dir))
+        self.model = model.eval().requires_grad_(False)
+        max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
+        self.model.build_rope_tables(max_len, self.device)
+        self.block_size = cc.block_size
+        L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
+        # One tensor for the whole pool: [layers, K/V, blocks, block_size, kv_heads, head_dim]. A block's KV for
+        # every layer is one index away, which is what host spill copies want.
+        self.kv_cache = torch.zeros((L, 2, cc.num_device_blocks, cc.block_size, kvh, hd), dtype=self.dtype,
+                                    device=self.device)
+        self.backend = select_backend(self.device, cc.block_size, attention_backend)
+        self.scale = hd ** -0.5
+        self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
+                              eos_token_ids=_eos_ids(hf_config, self.tokenizer, self.model_dir),
+                              kv_bytes_per_token=L * 2 * kvh * hd * self.kv_cache.element_size())
+        self._default_gen = torch.Generator(device=self.device).manual_seed(mc.seed)
+        self._generators: dict[str, torch.Generator] = {}
+        self._params: dict[str, SamplingParams] = {}
+        log.info("loaded %s (%s, %s, %s attention, %d KV blocks)", self.model_dir, self.device, self.dtype,
+                 self.backend.name, cc.num_device_blocks)
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        t0 = time.perf_counter()
+        for sid in plan.finished:
+            self._generators.pop(sid, None)
+            self._params.pop(sid, None)
+        for sid, params in plan.new_streams:
+            self._params[sid] = params
+            if params.seed is not None:  # a seeded stream samples the same tokens whatever else is batched
+                self._generators[sid] = torch.Generator(device=self.device).manual_seed(params.seed)
+        if plan.is_empty:
+            return StepResult(step_id=plan.step_id)
+        chunks = (*plan.decodes, *plan.prefills)
+        bs = self.block_size
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_ids: list[str] = []
+        for c in chunks:
+            start = len(tokens)
+            tokens.extend(c.token_ids)
+            pos = range(c.start_pos, c.start_pos + len(c.token_ids))
+            positions.extend(pos)
+            table = c.block_ids
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            if c.sample:
+                sample_rows.append(start + len(c.token_ids) - 1)
+                sample_ids.append(c.stream_id)
+        dev = self.device
+        meta = self._metadata(plan, torch.tensor(slots, dtype=torch.long, device=dev))
+        hidden = self.model(torch.tensor(tokens, dtype=torch.long, device=dev),
+                            torch.tensor(positions, dtype=torch.long, device=dev), self.kv_cache, meta,
+                            self.backend)
+        sampled: dict[str, int] = {}
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+            params = [self._params[s] for s in sample_ids]
+            gens = [self._generators.get(s, self._default_gen) for s in sample_ids]
+            sampled = dict(zip(sample_ids, sample(logits, params, gens)))
+        return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=time.perf_counter() - t0)
+
+    def _metadata(self, plan: StepPlan, slot_mapping: torch.Tensor) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        table_dtype = torch.int32 if self.backend.name == "flash" else torch.long
+        D = len(plan.decodes)
+        tables = lens = mask = None
+        if D:
+            width = max(len(c.block_ids) for c in plan.decodes)
+            tables = torch.tensor([list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in plan.decodes],
+                                  dtype=table_dtype, device=dev)
+            lens = torch.tensor([c.start_pos + 1 for c in plan.decodes], dtype=torch.int32, device=dev)
+            if self.backend.name == "sdpa":
+                mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None]).view(D, 1, 1, width * bs)
+        spans = []
+        offset = D
+        for c in plan.prefills:
+            n = len(c.token_ids)
+            spans.append(PrefillSpan(offset, offset + n, c.start_pos,
+                                     torch.tensor(c.block_ids, dtype=table_dtype, device=dev)))
+            offset += n
+        return AttentionMetadata(slot_mapping=slot_mapping, num_decodes=D, decode_block_tables=tables,
+                                 decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=self.scale)
+
+
+def _eos_ids(hf_config, tokenizer, model_dir) -> frozenset[int]:
+    ids: set[int] = set()
+    candidates = [getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
+    try:
+        from transformers import GenerationConfig
+
+        candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+    except OSError:
+        pass  # no generation_config.json
+    for c in candidates:
+        if isinstance(c, int):
+            ids.add(c)
+        elif isinstance(c, (list, tuple)):
+            ids.update(int(x) for x in c)
+    return frozenset(ids)

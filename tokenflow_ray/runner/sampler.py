@@ -1,0 +1,37 @@
+"""Token sampling: greedy rows in one argmax; temperature / top-k / top-p rows with per-stream generators."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tokenflow_ray.engine.sampling import SamplingParams
+
+
+def sample(logits_SV: torch.Tensor, params: Sequence[SamplingParams],
+           generators: Sequence[torch.Generator | None]) -> list[int]:
+    greedy = logits_SV.argmax(dim=-1).tolist()
+    if all(p.greedy for p in params):
+        return greedy
+    out = list(greedy)
+    for row, (p, gen) in enumerate(zip(params, generators)):
+        if p.greedy:
+            continue
+        out[row] = _sample_row(logits_SV[row], p, gen)
+    return out
+
+
+def _sample_row(logits_V: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
+    logits_V = logits_V.float() / p.temperature
+    if p.top_k and p.top_k < logits_V.shape[-1]:
+        kth = torch.topk(logits_V, p.top_k).values[-1]
+        logits_V = logits_V.masked_fill(logits_V < kth, float("-inf"))
+    probs_V = torch.softmax(logits_V, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, order = probs_V.sort(descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = sorted_p.cumsum(0) - sorted_p > p.top_p
+        probs_V = probs_V.scatter(0, order[drop], 0.0)
+        probs_V = probs_V / probs_V.sum()
+    return int(torch.multinomial(probs_V, 1, generator=generator).item())
