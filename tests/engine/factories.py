@@ -6,16 +6,22 @@ from tokenflow_ray.engine.clock import VirtualClock
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tokenflow_ray.engine.fake_runner import FakeRunner
 from tokenflow_ray.engine.llm_engine import LLMEngine
+from tokenflow_ray.engine.policies import AndesConfig, TokenFlowConfig
 
 
 def make_fake_engine(num_blocks: int = 64, block_size: int = 8, max_num_seqs: int = 16,
                      max_num_batched_tokens: int = 64, chunked_prefill: bool = True, policy: str = "fcfs",
-                     eos_token_id: int | None = None, max_model_len: int = 4096) -> tuple[LLMEngine, FakeRunner]:
+                     eos_token_id: int | None = None, max_model_len: int = 4096, num_host_blocks: int = 0,
+                     write_through: bool = True, tokenflow: TokenFlowConfig | None = None,
+                     andes: AndesConfig | None = None, resume_mode: str = "auto") -> tuple[LLMEngine, FakeRunner]:
     config = EngineConfig(
-        cache=CacheConfig(block_size=block_size, num_device_blocks=num_blocks),
+        cache=CacheConfig(block_size=block_size, num_device_blocks=num_blocks, num_host_blocks=num_host_blocks,
+                          write_through=write_through, resume_mode=resume_mode),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  chunked_prefill=chunked_prefill, policy=policy))
-    runner = FakeRunner(num_blocks, block_size, eos_token_id=eos_token_id, max_model_len=max_model_len)
+                                  chunked_prefill=chunked_prefill, policy=policy,
+                                  tokenflow=tokenflow or TokenFlowConfig(), andes=andes or AndesConfig()))
+    runner = FakeRunner(num_blocks, block_size, eos_token_id=eos_token_id, max_model_len=max_model_len,
+                        num_host_blocks=num_host_blocks)
     return LLMEngine(config, runner, tokenizer=None, clock=VirtualClock()), runner
 
 

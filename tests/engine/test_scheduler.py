@@ -65,8 +65,9 @@ def test_memory_pressure_preempts_newest_and_output_is_unchanged():
 
 def test_preemption_is_counted_and_victim_is_newest():
     engine, _ = make_fake_engine(num_blocks=6, block_size=8, max_num_batched_tokens=64)
-    old = engine.add_request(_prompt(0, 15), SamplingParams(max_tokens=30), arrival_time=0.0)
-    new = engine.add_request(_prompt(1, 15), SamplingParams(max_tokens=30), arrival_time=1.0)
+    old = engine.add_request(_prompt(0, 15), SamplingParams(max_tokens=30))
+    engine.clock.advance(1.0)
+    new = engine.add_request(_prompt(1, 15), SamplingParams(max_tokens=30))
     preempted = []
     for _ in range(200):
         plan = engine.scheduler.schedule(engine.clock.now())
@@ -145,3 +146,15 @@ def test_scheduler_config_validation():
 def test_status_order():
     assert StreamStatus.RUNNING < StreamStatus.FINISHED_STOPPED
     assert StreamStatus.FINISHED_ABORTED.finished and not StreamStatus.WAITING.finished
+
+
+def test_fcfs_reserve_ratio_holds_back_admission():
+    admitted = {}
+    for ratio in (0.0, 1.0):
+        engine, _ = make_fake_engine(num_blocks=40, block_size=8, max_num_batched_tokens=256)
+        engine.scheduler.policy.reserve_ratio = ratio
+        for i in range(6):
+            engine.add_request(_prompt(i, 8), SamplingParams(max_tokens=100))
+        engine.step()
+        admitted[ratio] = len(engine.scheduler.by_status(StreamStatus.RUNNING))
+    assert admitted[0.0] == 6 and admitted[1.0] < 3

@@ -1,4 +1,5 @@
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,9 @@ from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
-    return DualCodebookTokenizer(preset("tiny"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LPIPS skipped")
+        return DualCodebookTokenizer(preset("tiny"))
 
 
 def _imgs(n=2, side=16):

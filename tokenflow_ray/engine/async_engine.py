@@ -56,12 +56,13 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                        stream_id: str | None = None, arrival_time: float | None = None,
-                       on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput]:
+                       on_added: Callable[[str], None] | None = None,
+                       rate: float | None = None) -> AsyncIterator[StreamOutput]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
 
         def add() -> str:
-            sid = self.engine.add_request(prompt, sampling, stream_id, arrival_time)
+            sid = self.engine.add_request(prompt, sampling, stream_id, arrival_time, rate)
             self._sinks[sid] = (loop, sink)
             return sid
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from tokenflow_ray.engine.policies import POLICY_NAMES, AndesConfig, TokenFlowConfig
 
 EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
 
@@ -30,12 +33,19 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16  # tokens per KV block; flash-attn's paged kernels want a multiple of 16 (256 on old builds)
+    block_size: int = 16  # tokens per KV block; flash-attn 2 paged KV wants a multiple of 256 (else SDPA is used)
     num_device_blocks: int = 1024  # device KV pool size, in blocks
     num_host_blocks: int = 0  # CPU spill store size, in blocks (0: no spill store, recompute only)
+    write_through: bool = True  # mirror full blocks to the host in the background (False: copy all on preempt)
+    overlap_copies: bool = True  # copies run beside the model step (False: before it, blocking)
+    write_budget_fraction: float = 0.8  # write-through bytes per step: this share of (step time x copy bandwidth)
+    resume_mode: str = "auto"  # how a paused stream comes back: auto (cheaper of load and recompute), load, recompute
 
     def __post_init__(self) -> None:
-        _require(self.block_size > 0 and self.block_size % 8 == 0, "block_size: must be a positive multiple of 8")
+        _require(self.resume_mode in ("auto", "load", "recompute"),
+                 f"resume_mode: expected auto, load or recompute, got {self.resume_mode!r}")
+        _require(0 < self.write_budget_fraction <= 4, "write_budget_fraction: must be in (0, 4]")
+        _require(self.block_size > 0, "block_size: must be positive")
         _require(self.num_device_blocks > 0, "num_device_blocks: must be positive")
         _require(self.num_host_blocks >= 0, "num_host_blocks: must be >= 0")
 
@@ -45,9 +55,14 @@ class SchedulerConfig:
     max_num_seqs: int = 64  # most streams in one step's batch
     max_num_batched_tokens: int = 512  # token budget per step (decode tokens + prefill chunk tokens)
     chunked_prefill: bool = True  # False: a prompt is prefilled whole or not at all this step
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # fcfs | andes | tokenflow
+    tokenflow: TokenFlowConfig = field(default_factory=TokenFlowConfig)
+    andes: AndesConfig = field(default_factory=AndesConfig)
+    fcfs_reserve_ratio: float = 0.3  # fcfs admission keeps this share of running streams' remaining tokens free
 
     def __post_init__(self) -> None:
+        _require(self.policy in POLICY_NAMES, f"policy: unknown policy {self.policy!r}; choose one of "
+                                              f"{', '.join(POLICY_NAMES)}")
         _require(self.max_num_seqs > 0, "max_num_seqs: must be positive")
         _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens: must be positive")
         _require(self.max_num_batched_tokens >= self.max_num_seqs,
@@ -59,3 +74,10 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    default_rate: float = 0.0  # consumption rate of streams that declare none (tokens/s; 0: unpaced)
+    record_history: int = 10_000  # finished-stream records kept for metrics and benchmarks
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
+                 and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
+        _require(self.record_history >= 0, "record_history: must be >= 0")

@@ -13,10 +13,14 @@ from tokenflow_ray.engine.runner_api import ModelInfo
 
 class FakeRunner:
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 256, max_model_len: int = 4096,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, num_host_blocks: int = 0, step_cost_s: float = 0.01,
+                 copy_cost_s: float = 0.001) -> None:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.slots: list[int | None] = [None] * (num_blocks * block_size)
+        self.host_slots: list[int | None] = [None] * (num_host_blocks * block_size)
+        self.step_cost_s = step_cost_s  # reported compute time per step (virtual)
+        self.copy_cost_s = copy_cost_s  # reported copy time per block (virtual)
         self.info = ModelInfo(name="fake", vocab_size=vocab_size, max_model_len=max_model_len,
                               eos_token_ids=frozenset() if eos_token_id is None else frozenset({eos_token_id}),
                               kv_bytes_per_token=64)
@@ -24,12 +28,20 @@ class FakeRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.steps += 1
+        bs = self.block_size
+        for c in (*plan.swap_out, *plan.write_through):  # device -> host, whole blocks
+            self.host_slots[c.host_block * bs:(c.host_block + 1) * bs] = self.slots[c.device_block * bs:(c.device_block + 1) * bs]
+        for c in plan.swap_in:
+            self.slots[c.device_block * bs:(c.device_block + 1) * bs] = self.host_slots[c.host_block * bs:(c.host_block + 1) * bs]
         sampled: dict[str, int] = {}
         for chunk in (*plan.decodes, *plan.prefills):
             self._write(chunk)
             if chunk.sample:
                 sampled[chunk.stream_id] = self.next_token(self._read(chunk, chunk.start_pos + len(chunk.token_ids)))
-        return StepResult(step_id=plan.step_id, sampled=sampled)
+        copies = len(plan.swap_out) + len(plan.write_through) + len(plan.swap_in)
+        return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=self.step_cost_s if not plan.is_empty else 0,
+                          copy_s=copies * self.copy_cost_s, copy_bytes=copies * self.info.kv_bytes_per_token * bs,
+                          swap_out_s=len(plan.swap_out) * self.copy_cost_s)
 
     def next_token(self, context: list[int]) -> int:
         """The reference 'model': a deterministic function of the whole context."""

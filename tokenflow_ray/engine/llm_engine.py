@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,12 +15,18 @@ from typing import Any
 from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.clock import Clock, WallClock
 from tokenflow_ray.engine.config import EngineConfig
+from tokenflow_ray.engine.cost_model import CostModel
 from tokenflow_ray.engine.detokenizer import DecoderFactory, StopMatcher, StreamDecoder
-from tokenflow_ray.engine.outputs import GenerationResult, StreamOutput
+from tokenflow_ray.engine.outputs import EngineStats, GenerationResult, StreamOutput
 from tokenflow_ray.engine.runner_api import ModelRunner, encode_prompt
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.scheduler import Scheduler
 from tokenflow_ray.engine.stream import Stream, StreamStatus
+from tokenflow_ray.metrics.stream_metrics import StreamRecord
+
+
+class UnknownStreamError(LookupError):
+    """A report or abort named a stream that is unknown or already finished."""
 
 
 @dataclass
@@ -37,7 +44,8 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.clock = clock or WallClock()
         self.pool = BlockPool(config.cache.num_device_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.pool)
+        block_bytes = runner.info.kv_bytes_per_token * config.cache.block_size
+        self.scheduler = Scheduler(config.scheduler, self.pool, config.cache, CostModel(block_bytes))
         self._decoders = DecoderFactory(tokenizer) if tokenizer is not None else None
         self._text: dict[str, _TextState] = {}
         self._pending: list[StreamOutput] = []  # outputs produced outside step(): aborts
@@ -45,6 +53,9 @@ class LLMEngine:
         # A stream may not outgrow the model's context nor the whole device pool (it would preempt itself forever).
         self.max_total_tokens = min(info.max_model_len, config.cache.num_device_blocks * config.cache.block_size)
         self._ids = itertools.count()
+        # Records of finished streams for benchmarks and metrics; bounded so a long-running server stays small.
+        self.finished_records: deque[StreamRecord] = deque(maxlen=config.record_history)
+        self._totals = {"preemptions": 0, "tokens_recomputed": 0, "streams_finished": 0, "steps": 0}
 
     @classmethod
     def from_config(cls, config: EngineConfig | None = None, clock: Clock | None = None) -> LLMEngine:
@@ -56,16 +67,22 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
-                    stream_id: str | None = None, arrival_time: float | None = None) -> str:
+                    stream_id: str | None = None, arrival_time: float | None = None,
+                    rate: float | None = None) -> str:
+        """Queue a stream; rate is the reader's declared consumption rate in tokens/s (None: the default)."""
         sampling = sampling or SamplingParams()
         token_ids = self._prompt_ids(prompt)
         vocab = self.runner.info.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        now = self.clock.now()
+        if arrival_time is not None and arrival_time > now:
+            raise ValueError(f"arrival_time: {arrival_time} is in the future (now is {now})")
         stream_id = stream_id or f"cmpl-{uuid.uuid4().hex[:16]}-{next(self._ids)}"
         stream = Stream(stream_id=stream_id, prompt_token_ids=tuple(token_ids), sampling=sampling,
-                        arrival_time=self.clock.now() if arrival_time is None else arrival_time,
-                        max_total_tokens=self.max_total_tokens, eos_token_ids=self.runner.info.eos_token_ids)
+                        arrival_time=now if arrival_time is None else arrival_time,
+                        max_total_tokens=self.max_total_tokens, eos_token_ids=self.runner.info.eos_token_ids,
+                        rate=self.config.default_rate if rate is None else rate)
         self.scheduler.add(stream)
         if self._decoders is not None:
             self._text[stream_id] = _TextState(self._decoders.new(), StopMatcher(sampling.stop))
@@ -85,11 +102,21 @@ class LLMEngine:
             raise ValueError("prompt: token ids must be integers")
         return ids
 
+    def report_consumption(self, stream_id: str, consumed_tokens: int | None = None, rate: float | None = None,
+                           paused: bool | None = None) -> None:
+        """A client's report replaces the reader model of its stream from now on (validated, all or nothing)."""
+        stream = self.scheduler.streams.get(stream_id)
+        if stream is None:
+            raise UnknownStreamError(f"stream {stream_id!r} is unknown or finished")
+        stream.reader.apply_report(self.clock.now(), consumed_tokens=consumed_tokens, rate=rate, paused=paused)
+        if rate is not None:
+            stream.rate = stream.reader.rate
+
     def abort(self, stream_id: str) -> bool:
-        stream = self.scheduler.finish(stream_id, StreamStatus.FINISHED_ABORTED)
+        stream = self.scheduler.finish(stream_id, StreamStatus.FINISHED_ABORTED, self.clock.now())
         if stream is None:
             return False
-        self._text.pop(stream_id, None)
+        self._retire(stream)
         self._pending.append(StreamOutput(stream_id, (), "", True, "abort", stream.num_prompt_tokens,
                                           stream.num_output_tokens))
         return True
@@ -111,9 +138,19 @@ class LLMEngine:
         if plan.is_empty and not plan.finished:
             return outputs
         result = self.runner.execute(plan)
+        self._totals["steps"] += 1
         for stream, token in self.scheduler.update(plan, result, self.clock.now()):
             outputs.append(self._output(stream, token))
+            if stream.status.finished:
+                self._retire(stream)
         return outputs
+
+    def _retire(self, stream: Stream) -> None:
+        self._text.pop(stream.stream_id, None)
+        self.finished_records.append(stream.record)
+        self._totals["preemptions"] += stream.num_preemptions
+        self._totals["tokens_recomputed"] += stream.num_recomputed_tokens
+        self._totals["streams_finished"] += 1
 
     def _output(self, stream: Stream, token: int) -> StreamOutput:
         text = ""
@@ -121,12 +158,10 @@ class LLMEngine:
         if state is not None:
             text, stopped = state.stops.push(state.decoder.feed(token))
             if stopped and not stream.status.finished:
-                self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED)
+                self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED, self.clock.now())
             elif stream.status.finished and not stopped:
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
         finished = stream.status.finished
-        if finished:
-            self._text.pop(stream.stream_id, None)
         return StreamOutput(stream.stream_id, (token,), text, finished, stream.status.finish_reason,
                             stream.num_prompt_tokens, stream.num_output_tokens)
 
@@ -160,6 +195,23 @@ class LLMEngine:
                     if out.finished:
                         reasons[out.stream_id] = out.finish_reason
         return [GenerationResult(i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), reasons[i]) for i in ids]
+
+    def stats(self) -> EngineStats:
+        live = list(self.scheduler.streams.values())
+        now = self.clock.now()
+        running = [s for s in live if s.status == StreamStatus.RUNNING]
+        host = self.scheduler.kv.host
+        return EngineStats(
+            num_running=len(running), num_waiting=sum(s.status == StreamStatus.WAITING for s in live),
+            num_preempted=sum(s.status in (StreamStatus.PREEMPTED, StreamStatus.LOADING) for s in live),
+            host_blocks_total=host.num_blocks if host else 0, host_blocks_free=host.num_free if host else 0,
+            bytes_to_host=self.scheduler.bytes_to_host, bytes_from_host=self.scheduler.bytes_from_host,
+            device_blocks_total=self.pool.num_blocks, device_blocks_free=self.pool.num_free,
+            min_buffer_s=min((s.buffer_s(now) for s in running if s.rate > 0), default=0.0),
+            sum_rate=sum(s.rate for s in live),
+            preemptions=self._totals["preemptions"] + sum(s.num_preemptions for s in live),
+            tokens_recomputed=self._totals["tokens_recomputed"] + sum(s.num_recomputed_tokens for s in live),
+            streams_finished=self._totals["streams_finished"], steps=self._totals["steps"])
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

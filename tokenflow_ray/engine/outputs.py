@@ -23,3 +23,24 @@ class GenerationResult:
     token_ids: tuple[int, ...]
     text: str
     finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for routing, autoscaling and metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_preempted: int  # paused with KV on the host, or loading back
+    device_blocks_total: int
+    device_blocks_free: int
+    host_blocks_total: int
+    host_blocks_free: int
+    bytes_to_host: int
+    bytes_from_host: int
+    min_buffer_s: float  # smallest buffered reading time among running paced streams: how urgent the replica is
+    sum_rate: float  # Σ declared rates of live streams (tokens/s)
+    preemptions: int
+    tokens_recomputed: int
+    streams_finished: int
+    steps: int

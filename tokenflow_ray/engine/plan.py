@@ -22,6 +22,15 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True)
+class BlockCopy:
+    """Copy one KV block (every layer, K and V) between the device pool and the host spill store."""
+
+    stream_id: str
+    device_block: int
+    host_block: int
+
+
+@dataclass(frozen=True)
 class StepPlan:
     step_id: int
     decodes: tuple[ScheduledChunk, ...] = ()  # one token each
@@ -29,18 +38,30 @@ class StepPlan:
     preempted: tuple[str, ...] = ()  # streams whose device blocks were freed this step (KV to be recomputed)
     finished: tuple[str, ...] = ()  # streams that ended since the last plan: the runner drops their state
     new_streams: tuple[tuple[str, SamplingParams], ...] = ()  # first time scheduled: sent once, kept by the runner
+    # Copies run beside the model step and are complete when the step's result comes back. Blocks they read are
+    # never written this step (full blocks are immutable; a preempted stream's tail is freed only afterwards).
+    write_through: tuple[BlockCopy, ...] = ()  # device -> host, full blocks of running streams
+    swap_out: tuple[BlockCopy, ...] = ()  # device -> host, the unsynced tail of streams preempted this step
+    swap_in: tuple[BlockCopy, ...] = ()  # host -> device, streams resumed by load (LOADING this step)
 
+    @property
+    def has_copies(self) -> bool:
+        return bool(self.write_through or self.swap_out or self.swap_in)
     @property
     def num_tokens(self) -> int:
         return len(self.decodes) + sum(len(c.token_ids) for c in self.prefills)
 
     @property
     def is_empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        return not self.decodes and not self.prefills and not self.has_copies
 
 
 @dataclass(frozen=True)
 class StepResult:
     step_id: int
     sampled: dict[str, int] = field(default_factory=dict)  # stream id -> next token, for chunks with sample=True
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # the model step alone
+    copy_s: float = 0.0  # the copy job alone (runs beside the model step when overlapped)
+    copy_bytes: int = 0
+    swap_out_s: float = 0.0  # from the step's start until the swap-out tail was on the host (0: none)
+    step_s: float = 0.0  # the whole execute call

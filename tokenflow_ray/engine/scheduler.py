@@ -1,33 +1,50 @@
-"""Continuous batching with chunked prefill under a per-step token budget.
+"""Continuous batching with chunked prefill, buffer-aware preemption and a host spill store.
 
-There are no prefill/decode phases: each step every scheduled stream gets tokens so that its computed tokens catch
-up with its total (vLLM v1's rule). Running streams are served first, in policy order; then waiting streams are
-admitted while the budget, the batch cap and free blocks allow. When a running stream cannot grow, the policy's
-victim is preempted by recompute (its blocks are freed and it re-prefills later); no stream is admitted in a step
-that preempted one, which keeps a full pool from thrashing.
+No prefill/decode phases: each step every scheduled stream gets tokens so that its computed tokens catch up with
+its total (vLLM v1's rule), under a per-step token budget. One step, in order:
+1. Rebalance (proactive policies, when the policy says so): take the policy's ranking, choose greedily the streams
+   that should hold the device, and pause running streams outside that set that the policy lets go, as many as
+   the incoming ones need.
+2. Serve running streams in rank order; when one cannot grow, the lowest-ranked unserved running stream is
+   preempted (memory-forced).
+3. Unless memory forced a preemption (so a full pool does not thrash), admit or resume streams in rank order:
+   a preempted stream resumes by loading its host copy or by recompute, whichever the cost model finds cheaper.
+4. Plan write-through of full blocks, larger buffers first (likelier victims), sized to the step's compute time.
+Preemption goes to the host store when the policy uses it and the store has room, else to recompute.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
 
 from tokenflow_ray.engine.block_pool import BlockPool
-from tokenflow_ray.engine.config import SchedulerConfig
+from tokenflow_ray.engine.config import CacheConfig, SchedulerConfig
+from tokenflow_ray.engine.cost_model import CostModel
+from tokenflow_ray.engine.kv_manager import KVManager
 from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan, StepResult
-from tokenflow_ray.engine.policy import SchedulingPolicy, make_policy
+from tokenflow_ray.engine.policies import SchedulerView, SchedulingPolicy, make_policy
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 
+_ACTIVE = (StreamStatus.RUNNING, StreamStatus.LOADING)
+
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_pool: BlockPool,
-                 policy: SchedulingPolicy | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, block_pool: BlockPool, cache: CacheConfig | None = None,
+                 cost: CostModel | None = None, policy: SchedulingPolicy | None = None) -> None:
         self.config = config
+        self.cache = cache or CacheConfig(block_size=block_pool.block_size, num_device_blocks=block_pool.num_blocks)
         self.pool = block_pool
-        self.policy = policy or make_policy(config.policy)
+        self.policy = policy or make_policy(config.policy, config.tokenflow, config.andes, config.fcfs_reserve_ratio)
+        host = BlockPool(self.cache.num_host_blocks, block_pool.block_size) if self.cache.num_host_blocks else None
+        self.kv = KVManager(block_pool, host)
+        self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size)
         self.streams: dict[str, Stream] = {}  # live (unfinished) streams
+        self.preempt_costs_s: list[float] = []  # per swap-out preemption: decision -> tail freed (0: nothing owed)
+        self.bytes_to_host = 0
+        self.bytes_from_host = 0
         self._finished_since_plan: list[str] = []
+        self._preempted_since_plan: list[str] = []  # by preempt() between steps
         self._announced: set[str] = set()  # streams whose sampling params the runner already has
         self._step_ids = itertools.count()
 
@@ -44,83 +61,207 @@ class Scheduler:
         stream.status = StreamStatus.WAITING
         self.streams[stream.stream_id] = stream
 
-    def finish(self, stream_id: str, status: StreamStatus) -> Stream | None:
+    def finish(self, stream_id: str, status: StreamStatus, now: float) -> Stream | None:
         """End a live stream (abort, stop string, ...) and return its blocks; unknown or finished ids are a no-op."""
         stream = self.streams.pop(stream_id, None)
         if stream is None:
             return None
-        self._release(stream)
+        self.kv.release_device(stream)
+        self.kv.release_host(stream)
         stream.status = status
+        now = max(now, stream.reader.first_token_time or now)
+        stream.reader.finish(now)
+        stream.record.mark_finished(stall_s=stream.reader.stall_time_at(now))
         if stream_id in self._announced:
             self._announced.discard(stream_id)
             self._finished_since_plan.append(stream_id)
         return stream
 
+    def preempt(self, stream_id: str, now: float) -> bool:
+        """Pause a running stream between steps (to the host if the policy uses it); it lands in the next plan."""
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.status != StreamStatus.RUNNING:
+            return False
+        self._preempt(stream, self.view(now))
+        self._preempted_since_plan.append(stream_id)
+        return True
+
     @property
     def num_unfinished(self) -> int:
         return len(self.streams)
 
-    def running(self) -> list[Stream]:
-        return [s for s in self.streams.values() if s.status == StreamStatus.RUNNING]
+    def by_status(self, *statuses: StreamStatus) -> list[Stream]:
+        return [s for s in self.streams.values() if s.status in statuses]
 
-    def waiting(self) -> list[Stream]:
-        return [s for s in self.streams.values() if s.status == StreamStatus.WAITING]
+    def view(self, now: float) -> SchedulerView:
+        live = list(self.streams.values())
+        working = [s for s in live if s.status != StreamStatus.WAITING or s.num_preemptions]
+        paced = [s.rate for s in live if s.rate > 0]
+        full = [self.pool.blocks_for_tokens(s.num_prompt_tokens + s.sampling.max_tokens) for s in live]
+        return SchedulerView(now=now, cost=self.cost, device_blocks=self.pool.num_blocks,
+                             host_blocks=self.kv.host.num_blocks if self.kv.host else 0,
+                             block_size=self.pool.block_size, max_num_seqs=self.config.max_num_seqs,
+                             num_working=len(working), sum_rate=sum(s.rate for s in live),
+                             mean_full_blocks=sum(full) / len(full) if full else 1.0,
+                             mean_rate=sum(paced) / len(paced) if paced else 0.0)
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
+        view = self.view(now)
+        live = list(self.streams.values())
+        ranked = self.policy.rank(live, view)
+        preempted, self._preempted_since_plan = self._preempted_since_plan, []
+        if self.policy.proactive and self.policy.should_rebalance(live, view):
+            preempted += self._rebalance(ranked, view)
+
         budget = self.config.max_num_batched_tokens
         decodes: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
-        preempted: list[str] = []
         scheduled: set[str] = set()
-
-        queue = self.policy.order_running(self.running(), now)
+        forced = False
+        queue = [s for s in ranked if s.status == StreamStatus.RUNNING]
         while queue and budget > 0:
             stream = queue.pop(0)
             n = self._chunk_len(stream, budget)
             if n == 0:
                 continue
-            while not self._grow(stream, n):
-                candidates = [s for s in queue if s.stream_id not in scheduled] or [stream]
-                victim = self.policy.choose_victim(candidates, now)
-                self._preempt(victim)
+            while not self.kv.grow(stream, n):
+                victim = queue[-1] if queue else stream  # lowest-ranked running stream not yet served
+                self._preempt(victim, view)
                 preempted.append(victim.stream_id)
+                forced = True
                 if victim is stream:
                     break
                 queue.remove(victim)
             if stream.status != StreamStatus.RUNNING:
                 continue
-            chunk = self._chunk(stream, n)
-            (decodes if n == 1 else prefills).append(chunk)
+            (decodes if n == 1 else prefills).append(self._chunk(stream, n))
             scheduled.add(stream.stream_id)
             budget -= n
 
         new_streams: list[tuple[str, SamplingParams]] = []
-        if not preempted:
-            num_running = len(scheduled)
-            for stream in self.policy.order_waiting(self.waiting(), now):
-                if budget <= 0 or num_running >= self.config.max_num_seqs:
-                    break
-                n = self._chunk_len(stream, budget)
-                if n == 0 or not self._grow(stream, n):
-                    break  # head-of-line: admission keeps the policy's order
-                stream.status = StreamStatus.RUNNING
-                prefills.append(self._chunk(stream, n))
-                if stream.stream_id not in self._announced:
-                    self._announced.add(stream.stream_id)
-                    new_streams.append((stream.stream_id, stream.sampling))
-                num_running += 1
-                budget -= n
+        if not forced:
+            budget = self._admit(ranked, view, budget, scheduled, prefills, new_streams, set(preempted))
 
+        if self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
+            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.buffer_s(now))
+            budget_blocks = self.cost.write_budget_bytes(self.cache.write_budget_fraction) // self.cost.block_bytes
+            self.kv.write_through(by_buffer, max(1, budget_blocks))
+        write_through, swap_out, swap_in = self.kv.take_copies()
+        self.cost.queued_copy_bytes = (len(write_through) + len(swap_out) + len(swap_in)) * self.cost.block_bytes
         finished, self._finished_since_plan = tuple(self._finished_since_plan), []
         return StepPlan(step_id=next(self._step_ids), decodes=tuple(decodes), prefills=tuple(prefills),
-                        preempted=tuple(preempted), finished=finished, new_streams=tuple(new_streams))
+                        preempted=tuple(preempted), finished=finished, new_streams=tuple(new_streams),
+                        write_through=write_through, swap_out=swap_out, swap_in=swap_in)
+
+    def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> list[str]:
+        """Pause running streams outside the greedy device set, as many as the incoming streams need."""
+        limit = self.policy.admission_limit(view)
+        chosen: list[Stream] = []
+        used = 0
+        working = view.num_working
+        for s in ranked:
+            if len(chosen) >= self.config.max_num_seqs:
+                break
+            if s.status == StreamStatus.WAITING and not s.num_preemptions:
+                if working >= limit:
+                    continue
+                working += 1
+            need = self.pool.blocks_for_tokens(s.num_tokens + 1)
+            if used + need <= self.pool.num_blocks:
+                chosen.append(s)
+                used += need
+        chosen = self.policy.refine(chosen, ranked, view)
+        members = {s.stream_id for s in chosen}
+        incoming = sum(self.pool.blocks_for_tokens(s.num_tokens + 1) for s in chosen if s.status not in _ACTIVE)
+        deficit = incoming - self.pool.num_free
+        paused: list[str] = []
+        for s in reversed(ranked):
+            if deficit <= 0:
+                break
+            if s.status == StreamStatus.RUNNING and s.stream_id not in members and self.policy.may_preempt(s, view):
+                deficit -= len(s.block_ids)
+                self._preempt(s, view)
+                paused.append(s.stream_id)
+        return paused
+
+    def _admit(self, ranked: list[Stream], view: SchedulerView, budget: int, scheduled: set[str],
+               prefills: list[ScheduledChunk], new_streams: list[tuple[str, SamplingParams]],
+               preempted_now: set[str]) -> int:
+        active = self.by_status(*_ACTIVE)
+        num_active = len(active)
+        reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
+        limit = self.policy.admission_limit(view)
+        working = view.num_working
+        for stream in ranked:
+            if stream.status not in (StreamStatus.WAITING, StreamStatus.PREEMPTED):
+                continue
+            if budget <= 0 or num_active >= self.config.max_num_seqs:
+                break
+            if stream.stream_id in preempted_now:
+                continue  # paused this step: its tail is still being copied
+            is_new = stream.status == StreamStatus.WAITING and not stream.num_preemptions
+            if is_new and working >= limit:
+                continue  # the working set is full: new streams wait, resumes still go ahead
+            if stream.status == StreamStatus.PREEMPTED:
+                if self._resume_by_load(stream):
+                    if not self.kv.start_load(stream):
+                        break  # no memory: keep rank order
+                    stream.status = StreamStatus.LOADING
+                    num_active += 1
+                    continue
+                first = self.pool.blocks_for_tokens(min(stream.num_tokens, budget))
+                if not self.pool.can_allocate(first):
+                    break  # keep the host copy: nothing is gained by dropping it without room to recompute
+                stream.num_recomputed_tokens += stream.num_host_tokens
+                stream.record.record_recompute(stream.num_host_tokens)
+                self.kv.release_host(stream)
+                stream.status = StreamStatus.WAITING
+            n = self._chunk_len(stream, budget)
+            if is_new and self.pool.num_free - self.pool.blocks_for_tokens(n) < self.pool.blocks_for_tokens(reserve):
+                break  # memory-aware admission: running streams keep room to grow
+            if n == 0 or not self.kv.grow(stream, n):
+                break  # head-of-line: admission keeps the policy's order
+            stream.status = StreamStatus.RUNNING
+            prefills.append(self._chunk(stream, n))
+            if stream.stream_id not in self._announced:
+                self._announced.add(stream.stream_id)
+                new_streams.append((stream.stream_id, stream.sampling))
+            working += is_new
+            num_active += 1
+            budget -= n
+            reserve += self.policy.reserve_tokens([stream])
+        return budget
+
+    def _resume_by_load(self, stream: Stream) -> bool:
+        """Reload unless recomputing is cheaper than the (queue-aware) I/O (paper §4.2.3)."""
+        if stream.num_host_tokens == 0 or self.cache.resume_mode == "recompute":
+            return False
+        if self.cache.resume_mode == "load":
+            return True
+        t_io = self.cost.t_io(load_blocks=len(stream.host_block_ids))
+        return t_io <= self.cost.t_recompute(stream.num_host_tokens)
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[tuple[Stream, int]]:
-        """Advance computed counts, append sampled tokens, end streams that hit a stop condition.
+        """Apply a finished step: loads land, tails free, computed counts advance, sampled tokens append.
 
         Returns (stream, new_token) pairs in plan order; a stream that finished has its terminal status set.
         """
+        self.kv.step_done()
+        for sid in {c.stream_id for c in plan.swap_in}:
+            stream = self.streams.get(sid)
+            if stream is not None and stream.status == StreamStatus.LOADING:
+                self.kv.finish_load(stream)
+                stream.status = StreamStatus.RUNNING
+        tails = {c.stream_id for c in plan.swap_out}
+        for sid in plan.preempted:
+            stream = self.streams.get(sid)
+            if stream is not None and stream.status == StreamStatus.PREEMPTED:
+                self.preempt_costs_s.append(result.swap_out_s if sid in tails else 0.0)
+        self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
+        self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
+        self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
+                               result.copy_s, result.copy_bytes)
         emitted: list[tuple[Stream, int]] = []
         for chunk in itertools.chain(plan.decodes, plan.prefills):
             stream = self.streams.get(chunk.stream_id)
@@ -133,10 +274,13 @@ class Scheduler:
             stream.output_token_ids.append(token)
             if stream.first_token_time is None:
                 stream.first_token_time = now
+            # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
+            stream.record.record_token(now, stream.reader.buffer_at(now))
+            stream.reader.on_tokens(now)
             emitted.append((stream, token))
             stop = stream.stop_reason_after_append(token)
             if stop is not None:
-                self.finish(stream.stream_id, stop)
+                self.finish(stream.stream_id, stop, now)
         return emitted
 
     # ---- mechanics --------------------------------------------------------------------------------------------
@@ -149,41 +293,38 @@ class Scheduler:
         # Unchunked, a recompute that outgrew the budget would never run: let it chunk when it has the step alone.
         return budget if budget == self.config.max_num_batched_tokens else 0
 
-    def _grow(self, stream: Stream, n: int) -> bool:
-        need = self.pool.blocks_for_tokens(stream.num_computed_tokens + n) - len(stream.block_ids)
-        if need <= 0:
-            return True
-        if not self.pool.can_allocate(need):
-            return False
-        stream.block_ids.extend(self.pool.allocate(need))
-        return True
-
     def _chunk(self, stream: Stream, n: int) -> ScheduledChunk:
         start = stream.num_computed_tokens
         return ScheduledChunk(stream_id=stream.stream_id, token_ids=stream.token_ids(start, start + n),
                               start_pos=start, block_ids=tuple(stream.block_ids),
                               sample=start + n == stream.num_tokens)
 
-    def _preempt(self, stream: Stream) -> None:
-        # Tokens already generated must be recomputed: everything but the last (which has no KV yet).
-        stream.num_recomputed_tokens += stream.num_computed_tokens
-        self._release(stream)
-        stream.status = StreamStatus.WAITING
+    def _preempt(self, stream: Stream, view: SchedulerView) -> None:
+        if self.policy.uses_host_store and self.kv.swap_out(stream):
+            stream.status = StreamStatus.PREEMPTED
+        else:  # recompute: everything computed so far is computed again later
+            stream.num_recomputed_tokens += stream.num_computed_tokens
+            stream.record.record_recompute(stream.num_computed_tokens)
+            self.kv.release_device(stream)
+            self.kv.release_host(stream)
+            stream.status = StreamStatus.WAITING
         stream.num_preemptions += 1
-
-    def _release(self, stream: Stream) -> None:
-        if stream.block_ids:
-            self.pool.free(stream.block_ids)
-            stream.block_ids = []
-        stream.num_computed_tokens = 0
+        stream.last_preempted_at = view.now
+        stream.record.record_preemption()
+        self.policy.on_preempt(stream, view)
 
     # ---- invariants -------------------------------------------------------------------------------------------
-    def check_integrity(self, extra_owners: Iterable[list[int]] = ()) -> None:
-        self.pool.check_integrity(itertools.chain((s.block_ids for s in self.streams.values()), extra_owners))
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.streams.values())
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
-            lo, hi = self.pool.blocks_for_tokens(s.num_computed_tokens), self.pool.blocks_for_tokens(s.num_tokens)
-            assert lo <= len(s.block_ids) <= hi, f"{s.stream_id}: block table does not match its tokens"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"
-            if s.status == StreamStatus.WAITING:
-                assert not s.block_ids and s.num_computed_tokens == 0, f"{s.stream_id}: waiting but owns blocks"
+            if s.status == StreamStatus.RUNNING:
+                lo, hi = self.pool.blocks_for_tokens(s.num_computed_tokens), self.pool.blocks_for_tokens(s.num_tokens)
+                assert lo <= len(s.block_ids) <= hi, f"{s.stream_id}: block table does not match its tokens"
+            elif s.status == StreamStatus.LOADING:
+                assert len(s.block_ids) == self.pool.blocks_for_tokens(s.num_host_tokens), s.stream_id
+            else:
+                assert not s.block_ids and s.num_computed_tokens == 0, f"{s.stream_id}: paused but owns blocks"
+            if s.status == StreamStatus.PREEMPTED:
+                assert s.num_host_tokens > 0, f"{s.stream_id}: preempted to the host with nothing there"

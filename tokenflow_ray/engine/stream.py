@@ -6,16 +6,20 @@ import enum
 from dataclasses import dataclass, field
 
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.metrics.reader import ReaderModel
+from tokenflow_ray.metrics.stream_metrics import StreamRecord
 
 
 class StreamStatus(enum.IntEnum):
     """Ordered: everything at or above FINISHED_STOPPED is terminal."""
 
     WAITING = 0  # needs its KV (re)computed from scratch: new, or preempted by recompute
-    RUNNING = 1  # owns device blocks
-    FINISHED_STOPPED = 2  # eos, a stop token or a stop string
-    FINISHED_LENGTH = 3  # max_tokens or the context limit
-    FINISHED_ABORTED = 4  # cancelled by the client or rejected
+    PREEMPTED = 1  # paused with (part of) its KV in the host spill store; resumes by load or recompute
+    LOADING = 2  # host -> device load in flight this step; runs from the next step
+    RUNNING = 3  # owns device blocks
+    FINISHED_STOPPED = 4  # eos, a stop token or a stop string
+    FINISHED_LENGTH = 5  # max_tokens or the context limit
+    FINISHED_ABORTED = 6  # cancelled by the client or rejected
 
     @property
     def finished(self) -> bool:
@@ -38,10 +42,16 @@ class Stream:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the device cache
     block_ids: list[int] = field(default_factory=list)  # device blocks, in order
+    host_block_ids: list[int] = field(default_factory=list)  # host spill blocks; host block i mirrors block i
+    num_host_tokens: int = 0  # tokens whose KV is valid in the host store (a prefix of the stream)
     status: StreamStatus = StreamStatus.WAITING
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0  # tokens whose KV was computed again after a recompute preemption
+    last_preempted_at: float = float("-inf")
     first_token_time: float | None = None
+    rate: float = 0.0  # declared consumption rate, tokens/s (0: unpaced reader)
+    reader: ReaderModel = field(init=False)  # the server's model of the client's buffer
+    record: StreamRecord = field(init=False)  # metrics: token times and buffers, preemptions
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -49,6 +59,12 @@ class Stream:
         if len(self.prompt_token_ids) >= self.max_total_tokens:
             raise ValueError(f"prompt: {len(self.prompt_token_ids)} tokens leaves no room to generate within the "
                              f"context limit of {self.max_total_tokens} tokens")
+        self.reader = ReaderModel(self.rate)  # validates the rate
+        self.record = StreamRecord(self.stream_id, self.arrival_time, self.rate, len(self.prompt_token_ids))
+
+    def buffer_s(self, now: float) -> float:
+        """Seconds of reading the client has buffered (0 for unpaced readers and before the first token)."""
+        return self.reader.buffer_seconds_at(now)
 
     @property
     def num_prompt_tokens(self) -> int:

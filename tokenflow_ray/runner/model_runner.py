@@ -14,6 +14,7 @@ from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.models.llama import LlamaForPagedLM
 from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
 from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan, select_backend
+from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.sampler import sample
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class TorchModelRunner:
         self.kv_cache = torch.zeros((L, 2, cc.num_device_blocks, cc.block_size, kvh, hd), dtype=self.dtype,
                                     device=self.device)
         self.backend = select_backend(self.device, cc.block_size, attention_backend)
+        self.transfer = KVTransfer(self.kv_cache, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
         self.scale = hd ** -0.5
         self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
                               eos_token_ids=_eos_ids(hf_config, self.tokenizer, self.model_dir),
@@ -78,8 +80,19 @@ class TorchModelRunner:
             self._params[sid] = params
             if params.seed is not None:  # a seeded stream samples the same tokens whatever else is batched
                 self._generators[sid] = torch.Generator(device=self.device).manual_seed(params.seed)
-        if plan.is_empty:
-            return StepResult(step_id=plan.step_id)
+        copies = self.transfer.launch(plan) if plan.has_copies and self.transfer is not None else None
+        sampled = self._forward(plan) if plan.decodes or plan.prefills else {}
+        compute_s = time.perf_counter() - t0
+        result = StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute_s, step_s=compute_s)
+        if copies is None:
+            return result
+        timing = KVTransfer.wait(copies)
+        return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute_s, copy_s=timing.copy_s,
+                          copy_bytes=timing.num_blocks * self.transfer.block_bytes,
+                          swap_out_s=max(0.0, timing.swap_out_done - t0) if timing.swap_out_done else 0.0,
+                          step_s=time.perf_counter() - t0)
+
+    def _forward(self, plan: StepPlan) -> dict[str, int]:
         chunks = (*plan.decodes, *plan.prefills)
         bs = self.block_size
         tokens: list[int] = []
@@ -108,7 +121,7 @@ class TorchModelRunner:
             params = [self._params[s] for s in sample_ids]
             gens = [self._generators.get(s, self._default_gen) for s in sample_ids]
             sampled = dict(zip(sample_ids, sample(logits, params, gens)))
-        return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=time.perf_counter() - t0)
+        return sampled
 
     def _metadata(self, plan: StepPlan, slot_mapping: torch.Tensor) -> AttentionMetadata:
         dev, bs = self.device, self.block_size

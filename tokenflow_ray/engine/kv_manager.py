@@ -1,0 +1,132 @@
+"""Per-stream KV mechanics over the device pool and the host spill store; plans the block copies of one step.
+
+Host block i of a stream mirrors its device block i, and `num_host_tokens` says how much of the stream's prefix is
+valid on the host. Full device blocks never change again, so write-through copies only full blocks; the partial
+last block goes over when the stream is preempted (its "unsynced tail"). Blocks already mirrored are freed at the
+moment of preemption; tail blocks are freed after their copy, at the end of the step (`pending_free`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenflow_ray.engine.block_pool import BlockPool
+from tokenflow_ray.engine.plan import BlockCopy
+from tokenflow_ray.engine.stream import Stream
+
+
+class KVManager:
+    def __init__(self, device: BlockPool, host: BlockPool | None) -> None:
+        self.device = device
+        self.host = host
+        self.block_size = device.block_size
+        self.pending_free: list[int] = []  # device blocks a swap-out copy still reads this step
+        self._write: list[BlockCopy] = []
+        self._out: list[BlockCopy] = []
+        self._in: list[BlockCopy] = []
+
+    def take_copies(self) -> tuple[tuple[BlockCopy, ...], tuple[BlockCopy, ...], tuple[BlockCopy, ...]]:
+        """(write_through, swap_out, swap_in) planned since the last call."""
+        out = (tuple(self._write), tuple(self._out), tuple(self._in))
+        self._write, self._out, self._in = [], [], []
+        return out
+
+    def step_done(self) -> None:
+        """The step's copies are complete: tail blocks of preempted streams can be reused."""
+        if self.pending_free:
+            self.device.free(self.pending_free)
+            self.pending_free = []
+
+    # ---- device blocks ----------------------------------------------------------------------------------------
+    def grow(self, stream: Stream, num_new_tokens: int) -> bool:
+        need = self.device.blocks_for_tokens(stream.num_computed_tokens + num_new_tokens) - len(stream.block_ids)
+        if need <= 0:
+            return True
+        if not self.device.can_allocate(need):
+            return False
+        stream.block_ids.extend(self.device.allocate(need))
+        return True
+
+    def release_device(self, stream: Stream) -> None:
+        if stream.block_ids:
+            self.device.free(stream.block_ids)
+            stream.block_ids = []
+        stream.num_computed_tokens = 0
+
+    def release_host(self, stream: Stream) -> None:
+        if stream.host_block_ids:
+            assert self.host is not None
+            self.host.free(stream.host_block_ids)
+            stream.host_block_ids = []
+        stream.num_host_tokens = 0
+
+    # ---- preempt / resume -------------------------------------------------------------------------------------
+    def swap_out(self, stream: Stream) -> bool:
+        """Preempt to the host: copy the unsynced tail, free the rest now. False (nothing changed) if no room."""
+        if self.host is None:
+            return False
+        computed = stream.num_computed_tokens
+        first_tail = stream.num_host_tokens // self.block_size  # host block that is partial or missing
+        num_blocks = self.device.blocks_for_tokens(computed)
+        missing = num_blocks - len(stream.host_block_ids)
+        if missing > 0 and not self.host.can_allocate(missing):
+            return False
+        if missing > 0:
+            stream.host_block_ids.extend(self.host.allocate(missing))
+        for i in range(first_tail, num_blocks):
+            self._out.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
+        self.device.free(stream.block_ids[:first_tail])  # mirrored already: free at once
+        self.pending_free.extend(stream.block_ids[first_tail:])  # read by this step's copy
+        # Host blocks past the computed prefix (from an earlier, longer stay) stay allocated for reuse.
+        stream.block_ids = []
+        stream.num_host_tokens = computed
+        stream.num_computed_tokens = 0
+        return True
+
+    def start_load(self, stream: Stream) -> bool:
+        """Allocate device blocks and plan host -> device copies of the stream's host prefix."""
+        n = self.device.blocks_for_tokens(stream.num_host_tokens)
+        if not self.device.can_allocate(n):
+            return False
+        stream.block_ids = self.device.allocate(n)
+        for i in range(n):
+            self._in.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
+        return True
+
+    def finish_load(self, stream: Stream) -> None:
+        stream.num_computed_tokens = stream.num_host_tokens
+
+    # ---- write-through ----------------------------------------------------------------------------------------
+    def unsynced_full_blocks(self, stream: Stream) -> int:
+        return max(0, stream.num_computed_tokens // self.block_size - stream.num_host_tokens // self.block_size)
+
+    def write_through(self, streams: Iterable[Stream], budget_blocks: int) -> int:
+        """Mirror full blocks of the given streams (in the order given) to the host, up to budget_blocks."""
+        if self.host is None:
+            return 0
+        planned = 0
+        for stream in streams:
+            start = stream.num_host_tokens // self.block_size
+            end = stream.num_computed_tokens // self.block_size
+            for i in range(start, end):
+                if planned >= budget_blocks:
+                    return planned
+                if i >= len(stream.host_block_ids):
+                    if not self.host.can_allocate(1):
+                        return planned  # host full: stop mirroring; preemption falls back to recompute
+                    stream.host_block_ids.extend(self.host.allocate(1))
+                self._write.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
+                stream.num_host_tokens = (i + 1) * self.block_size
+                planned += 1
+        return planned
+
+    # ---- invariants -------------------------------------------------------------------------------------------
+    def check_integrity(self, streams: Iterable[Stream]) -> None:
+        streams = list(streams)
+        self.device.check_integrity([s.block_ids for s in streams] + [self.pending_free])
+        if self.host is not None:
+            self.host.check_integrity([s.host_block_ids for s in streams])
+        for s in streams:
+            assert s.num_host_tokens <= s.num_tokens, f"{s.stream_id}: host holds more than the stream"
+            assert self.device.blocks_for_tokens(s.num_host_tokens) <= len(s.host_block_ids), \
+                f"{s.stream_id}: host prefix not covered by host blocks"

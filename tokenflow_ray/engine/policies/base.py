@@ -1,0 +1,77 @@
+"""The policy interface. A policy ranks streams and says when it may act; the scheduler owns the mechanics.
+
+Every policy thus gets the same block accounting and invariants; a new policy is a new class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenflow_ray.engine.cost_model import CostModel
+from tokenflow_ray.engine.stream import Stream, StreamStatus
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """What a policy may look at when deciding; built by the scheduler once per step."""
+
+    now: float
+    cost: CostModel
+    device_blocks: int
+    host_blocks: int
+    block_size: int
+    max_num_seqs: int
+    num_working: int  # streams admitted and not finished: running, loading or preempted
+    sum_rate: float  # Σ declared rates of all live streams: the demand on decode capacity
+    mean_full_blocks: float  # declared full-length footprint (prompt + max_tokens) of a live stream, in blocks
+    mean_rate: float  # mean declared rate of live paced streams (0 if none)
+
+    def blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+
+class SchedulingPolicy(ABC):
+    name: str
+    proactive: bool = False  # may preempt streams that memory does not force out
+    uses_host_store: bool = False  # preempts to the host spill store (else recompute only)
+
+    @abstractmethod
+    def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
+        """All live streams, highest priority first. Memory-forced victims come from the end."""
+
+    def should_rebalance(self, streams: Sequence[Stream], view: SchedulerView) -> bool:
+        """Whether to re-choose which streams hold the device this step (proactive policies only)."""
+        return False
+
+    def may_preempt(self, stream: Stream, view: SchedulerView) -> bool:
+        """Whether a running stream may be paused to make room for higher-ranked ones."""
+        return False
+
+    def admission_limit(self, view: SchedulerView) -> float:
+        """Largest working set (running + loading + preempted) new streams may be admitted into."""
+        return float("inf")
+
+    def reserve_tokens(self, running: Sequence[Stream]) -> int:
+        """Tokens kept free for running streams' growth when admitting a new stream (memory-aware admission)."""
+        return 0
+
+    def refine(self, chosen: list[Stream], ranked: Sequence[Stream], view: SchedulerView) -> list[Stream]:
+        """Optional local search over the greedy device set."""
+        return chosen
+
+    def on_preempt(self, stream: Stream, view: SchedulerView) -> None:
+        """Bookkeeping hook (preemption caps)."""
+
+
+def arrival_key(s: Stream) -> tuple[float, str]:
+    return (s.arrival_time, s.stream_id)
+
+
+def waited_s(s: Stream, now: float) -> float:
+    """How long a stream has been kept off the device (0 while it runs)."""
+    if s.status in (StreamStatus.RUNNING, StreamStatus.LOADING):
+        return 0.0
+    since = s.last_preempted_at if s.num_preemptions else s.arrival_time
+    return max(0.0, now - since)

@@ -1,0 +1,130 @@
+"""TokenFlow (EuroSys '26, §4): buffer-aware preemptive scheduling in two steps.
+
+Step 1, working set (Eq. 4-5): W_static = ⌊M/β⌋ streams, with M the KV blocks the working set may occupy (device
+plus host spill store: paused streams live on the host, so the working set may exceed device memory) and β the
+declared full-length footprint of a stream; W_scheduled = W_static − λ·(W_static − N) grows the working set from
+its current size N towards W_static at a damped rate. It is also capped by capacity: Σ rates must stay under the
+measured decode capacity Γ, otherwise the policy falls back to FCFS with memory-aware admission (§4.3, Eq. 6).
+
+Step 2, buffer balancing: streams are ranked by utility γ·e^(−b/T_critical) + t'/Δt (b: seconds of buffer the
+reader holds, normalised as the paper's notes advise; t': time kept off the device), higher rate breaking ties.
+The greedy device set takes streams in that order while they fit; an adjacent-swap pass then trades a stream for
+a smaller neighbour when that lets one more stream fit without displacing a buffer-critical one. A running
+stream outside the set is paused only if its buffer covers the switch: b ≥ μ·(τ_evict + τ_load + τ_schedule).
+The set is re-chosen every Δt, and only under stress (a stream waits, or some buffer is below T_critical).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenflow_ray.engine.policies.base import SchedulerView, SchedulingPolicy, arrival_key, waited_s
+from tokenflow_ray.engine.stream import Stream, StreamStatus
+
+
+@dataclass(frozen=True)
+class TokenFlowConfig:
+    delta_t: float = 0.5  # Δt: seconds between working-set decisions
+    mu: float = 2.0  # buffer conservativeness: a victim's buffer must cover μ × the switch cost
+    lam: float = 0.5  # λ: working-set adjustment rate (0: jump to W_static; towards 1: grow ever slower)
+    gamma: float = 1.0  # γ: weight of the buffer penalty against time kept waiting
+    t_critical: float = 1.0  # seconds of buffer under which a stream is critical (stress trigger, penalty scale)
+    overload_margin: float = 1.0  # fall back to FCFS when Σ rates > margin × Γ
+
+    def __post_init__(self) -> None:
+        for name in ("delta_t", "mu", "t_critical", "overload_margin"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"tokenflow.{name}: must be a finite number > 0, got {value!r}")
+        if not 0.0 <= self.lam < 1.0:  # λ = 1 would freeze the working set at its current size forever
+            raise ValueError(f"tokenflow.lam: must be in [0, 1), got {self.lam!r}")
+        if not (math.isfinite(self.gamma) and self.gamma >= 0):
+            raise ValueError(f"tokenflow.gamma: must be >= 0, got {self.gamma!r}")
+
+
+class TokenFlowPolicy(SchedulingPolicy):
+    name = "tokenflow"
+    proactive = True
+    uses_host_store = True
+
+    def __init__(self, config: TokenFlowConfig | None = None) -> None:
+        self.config = config or TokenFlowConfig()
+        self._last_rebalance = -math.inf
+        self.overloaded = False
+
+    # ---- step 2: ranking ----------------------------------------------------------------------------------
+    def utility(self, s: Stream, view: SchedulerView) -> float:
+        c = self.config
+        if s.rate == 0:  # unpaced: no buffer to protect; the declared rate is only a hint, so rank as critical
+            penalty = 1.0
+        else:
+            penalty = math.exp(-s.buffer_s(view.now) / c.t_critical)
+        return c.gamma * penalty + waited_s(s, view.now) / c.delta_t
+
+    def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
+        self.overloaded = view.sum_rate > self.config.overload_margin * view.cost.decode_capacity_tok_s(
+            view.max_num_seqs)
+        if self.overloaded:
+            return sorted(streams, key=arrival_key)
+        return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
+
+    def should_rebalance(self, streams: Sequence[Stream], view: SchedulerView) -> bool:
+        if self.overloaded or view.now - self._last_rebalance < self.config.delta_t:
+            return False
+        stressed = any(s.status in (StreamStatus.WAITING, StreamStatus.PREEMPTED) or (
+            s.rate > 0 and s.first_token_time is not None and s.buffer_s(view.now) < self.config.t_critical)
+            for s in streams)
+        if stressed:
+            self._last_rebalance = view.now
+        return stressed
+
+    def switch_cost_s(self, s: Stream, view: SchedulerView) -> float:
+        cost = view.cost
+        evict = cost.t_copy(max(1, view.blocks(s.num_computed_tokens) - s.num_host_tokens // view.block_size))
+        load = min(cost.t_copy(view.blocks(s.num_tokens)), cost.t_recompute(s.num_tokens))
+        return evict + load + self.config.delta_t
+
+    def may_preempt(self, stream: Stream, view: SchedulerView) -> bool:
+        if stream.rate == 0:
+            return False
+        return stream.buffer_s(view.now) >= self.config.mu * self.switch_cost_s(stream, view)
+
+    # ---- step 1: working set ------------------------------------------------------------------------------
+    def admission_limit(self, view: SchedulerView) -> float:
+        if self.overloaded:  # FCFS fallback: no new streams parked beside the ones already admitted
+            return max(view.num_working, 1)
+        return self.working_set_target(view)
+
+    def working_set_target(self, view: SchedulerView) -> float:
+        """W_scheduled (Eq. 4-5), capped so the working set's Σ rates stay within capacity Γ."""
+        w_static = math.floor((view.device_blocks + view.host_blocks) / max(view.mean_full_blocks, 1.0))
+        n = view.num_working
+        w_sched = w_static - self.config.lam * (w_static - n) if n < w_static else float(w_static)
+        if view.mean_rate > 0:
+            w_sched = min(w_sched, view.cost.decode_capacity_tok_s(view.max_num_seqs) / view.mean_rate)
+        return max(w_sched, 1.0)  # an empty working set always takes one stream: never a deadlock
+
+    def refine(self, chosen: list[Stream], ranked: Sequence[Stream], view: SchedulerView) -> list[Stream]:
+        """Adjacent swaps at the set's edge: a stream gives its place to its smaller next neighbour when that lets
+        one more stream fit, unless it is buffer-critical."""
+        def need(s: Stream) -> int:
+            return view.blocks(s.num_tokens + 1)
+
+        members = {s.stream_id for s in chosen}
+        used = sum(need(s) for s in chosen)
+        for i in range(len(ranked) - 1):
+            a, b = ranked[i], ranked[i + 1]
+            if a.stream_id not in members or b.stream_id in members or need(b) >= need(a):
+                continue
+            if a.rate == 0 or a.buffer_s(view.now) < self.config.t_critical or len(members) >= view.max_num_seqs:
+                continue
+            after = used - need(a) + need(b)
+            extra = next((c for c in ranked[i + 2:] if c.stream_id not in members
+                          and after + need(c) <= view.device_blocks), None)
+            if extra is not None:
+                members.discard(a.stream_id)
+                members.update((b.stream_id, extra.stream_id))
+                used = after + need(extra)
+        return [s for s in ranked if s.stream_id in members]

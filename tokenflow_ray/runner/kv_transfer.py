@@ -1,0 +1,103 @@
+"""Block copies between the device KV pool and the host spill store, beside the model step.
+
+One code path for CPU and GPU: a copy job runs on a dedicated thread while the model step runs, and the step
+joins it before returning, so every copy planned in a step is complete when its result is read (the scheduler
+sizes write-through to fit the step). On CUDA the job issues its copies on a side stream that first waits for
+earlier steps' work, from/to pinned host memory, and synchronises on an event; on CPU the copies are plain tensor
+copies that run in parallel with the model's kernels. Order inside a job: swap-out tails first (they gate freeing
+device blocks), then loads, then write-through.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from tokenflow_ray.engine.plan import BlockCopy, StepPlan
+
+
+@dataclass(frozen=True)
+class CopyTiming:
+    copy_s: float  # the job's own duration
+    swap_out_done: float  # perf_counter time when the swap-out tails were on the host (0.0: none)
+    num_blocks: int
+
+
+class KVTransfer:
+    def __init__(self, device_kv: torch.Tensor, num_host_blocks: int, overlap: bool = True) -> None:
+        self.device_kv = device_kv  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+        shape = list(device_kv.shape)
+        shape[2] = num_host_blocks
+        cuda = device_kv.device.type == "cuda"
+        self.host_kv = torch.zeros(shape, dtype=device_kv.dtype, pin_memory=cuda)
+        self.block_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
+        self.overlap = overlap
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-copy") if overlap else None
+        self._stream = torch.cuda.Stream(device=device_kv.device) if cuda else None
+
+    def launch(self, plan: StepPlan) -> Future[CopyTiming] | CopyTiming:
+        """Start the step's copies: on the copy thread (overlap), or now, blocking."""
+        if self._stream is not None:  # the side stream must see KV written by earlier steps
+            self._stream.wait_stream(torch.cuda.current_stream(self.device_kv.device))
+        if self._pool is None:
+            return self._run(plan)
+        return self._pool.submit(self._run, plan)
+
+    @staticmethod
+    def wait(handle: Future[CopyTiming] | CopyTiming) -> CopyTiming:
+        return handle.result() if isinstance(handle, Future) else handle
+
+    def _run(self, plan: StepPlan) -> CopyTiming:
+        t0 = time.perf_counter()
+        ctx = torch.cuda.stream(self._stream) if self._stream is not None else _nullcontext()
+        swap_out_done = 0.0
+        with torch.inference_mode(), ctx:
+            if plan.swap_out:
+                self._to_host(plan.swap_out)
+                self._sync()
+                swap_out_done = time.perf_counter()
+            if plan.swap_in:
+                self._to_device(plan.swap_in)
+            if plan.write_through:
+                self._to_host(plan.write_through)
+            self._sync()
+        n = len(plan.swap_out) + len(plan.swap_in) + len(plan.write_through)
+        return CopyTiming(copy_s=time.perf_counter() - t0, swap_out_done=swap_out_done, num_blocks=n)
+
+    def _index(self, copies: tuple[BlockCopy, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = torch.tensor([c.device_block for c in copies], dtype=torch.long, device=self.device_kv.device)
+        host = torch.tensor([c.host_block for c in copies], dtype=torch.long)
+        return dev, host
+
+    def _to_host(self, copies: tuple[BlockCopy, ...]) -> None:
+        dev, host = self._index(copies)
+        blocks = self.device_kv.index_select(2, dev)
+        self.host_kv.index_copy_(2, host, blocks.to("cpu", non_blocking=True))
+
+    def _to_device(self, copies: tuple[BlockCopy, ...]) -> None:
+        dev, host = self._index(copies)
+        blocks = self.host_kv.index_select(2, host)
+        if self.device_kv.device.type == "cuda":
+            blocks = blocks.pin_memory().to(self.device_kv.device, non_blocking=True)
+        self.device_kv.index_copy_(2, dev, blocks)
+
+    def _sync(self) -> None:
+        if self._stream is not None:
+            event = torch.cuda.Event()
+            event.record(self._stream)
+            event.synchronize()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

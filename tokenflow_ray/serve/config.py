@@ -1,0 +1,122 @@
+"""ServeConfig: the one frozen, validated config of the Serve app, loadable from a Serve config YAML.
+
+The YAML that `serve run`/`serve deploy` accept (`applications: [{import_path: tokenflow_ray.serve.app:app_builder,
+args: {...}}]`, `http_options: {host, port}`) is also what `tokenflow serve --config` reads: `args` are these fields.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenflow_ray.engine.policies import make_policy
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def default_policy() -> str:
+    """tokenflow where it is registered, else fcfs (the scheduling policies land in their own issue)."""
+    try:
+        make_policy("tokenflow")
+        return "tokenflow"
+    except ValueError:
+        return "fcfs"
+
+
+def images_available() -> bool:
+    return importlib.util.find_spec("tokenflow_ray.serve.images") is not None
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    app_name: str = "tokenflow"
+    route_prefix: str = "/"
+    model: str = "embedded"  # local HF directory, hub id or "embedded"; also the OpenAI model name served
+    dtype: str = "auto"
+    device: str = "auto"
+    replicas: int = 1
+    policy: str = ""  # "": default_policy()
+    block_size: int = 16
+    num_device_blocks: int = 1024  # device KV pool per replica, in blocks
+    num_host_blocks: int = 0  # CPU spill store per replica, in blocks
+    max_num_seqs: int = 64  # engine batch cap; also the replica's Serve max_ongoing_requests
+    max_num_batched_tokens: int = 512
+    default_rate: float = 0.0  # consumption rate of requests without `consumption_rate` (tokens/s; 0: unpaced)
+    default_max_tokens: int = 16  # OpenAI's default for completions
+    stream_interval_s: float = 0.02  # later tokens are grouped this long; the first goes at once
+    num_cpus: float = 1.0  # per replica (Ray also sets the replica's torch threads from it)
+    num_gpus: float = 0.0  # per replica
+    ingress_max_ongoing: int = 2048
+    api_key: str | None = None  # set: /v1/* needs `Authorization: Bearer <api_key>`
+    max_body_bytes: int = 1 << 20  # larger request bodies get 413
+    host: str = "127.0.0.1"
+    port: int = 8000
+    central_namespace: str = "tokenflow"
+    images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.images exists
+
+    def __post_init__(self) -> None:
+        if not self.policy:
+            object.__setattr__(self, "policy", default_policy())
+        if self.images is None:
+            object.__setattr__(self, "images", images_available())
+        _require(bool(self.app_name) and self.app_name.replace("-", "_").isidentifier(),
+                 "app_name: letters, digits, '_' or '-'")
+        _require(self.route_prefix.startswith("/"), "route_prefix: must start with '/'")
+        _require(self.replicas >= 1, "replicas: must be >= 1")
+        make_policy(self.policy)  # raises "policy: unknown policy ..."
+        _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
+                 and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
+        _require(self.default_max_tokens > 0, "default_max_tokens: must be positive")
+        _require(0 <= self.stream_interval_s <= 1, "stream_interval_s: must be in [0, 1]")
+        _require(self.num_cpus >= 0 and self.num_gpus >= 0, "num_cpus/num_gpus: must be >= 0")
+        _require(self.ingress_max_ongoing >= self.max_num_seqs, "ingress_max_ongoing: must be >= max_num_seqs")
+        _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
+        _require(self.max_body_bytes >= 1024, "max_body_bytes: must be >= 1024")
+        _require(0 <= self.port < 65536, "port: must be in [0, 65535]")
+        _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.images is missing")
+        self.engine_config()  # engine-level validation now, not in a replica
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=ModelConfig(model=self.model, dtype=self.dtype, device=self.device),
+            cache=CacheConfig(block_size=self.block_size, num_device_blocks=self.num_device_blocks,
+                              num_host_blocks=self.num_host_blocks),
+            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                                      max_num_batched_tokens=self.max_num_batched_tokens, policy=self.policy),
+            default_rate=self.default_rate)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServeConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ServeConfig keys: {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> ServeConfig:
+        """A Serve config YAML (first application's args + http_options) or a flat mapping of these fields."""
+        import yaml
+
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+        if "applications" in doc:
+            apps = doc["applications"]
+            _require(len(apps) == 1, "config: expected exactly one application")
+            app = apps[0]
+            data = dict(app.get("args") or {})
+            data.setdefault("app_name", app.get("name", cls.app_name))
+            data.setdefault("route_prefix", app.get("route_prefix", cls.route_prefix))
+            for key in ("host", "port"):
+                if key in (doc.get("http_options") or {}):
+                    data.setdefault(key, doc["http_options"][key])
+        else:
+            data = dict(doc)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(data)

@@ -1,0 +1,209 @@
+"""The OpenAI-compatible HTTP ingress (FastAPI on Serve), shaped like Ray Serve LLM's OpenAiIngress.
+
+No `from __future__ import annotations` here: FastAPI reads route annotations at runtime, and string annotations
+of a class built inside a function do not resolve (a `request: Request` turns into a required query field).
+
+Every error is OpenAI-shaped. Errors found before the first token (bad JSON, validation, prompt too long) are plain
+HTTP errors: the ingress waits for the replica's first delta before it sends the SSE headers.
+"""
+
+
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tokenflow_ray.serve.central import get_central
+from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
+from tokenflow_ray.serve.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ConsumptionReport,
+    engine_value_error,
+    parse_body,
+)
+from tokenflow_ray.serve.responses import ChunkWriter, full_response, sse
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    model: str
+    default_max_tokens: int
+    max_body_bytes: int
+    api_key: str | None
+    central_name: str
+    central_namespace: str
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _install_error_handlers(api: FastAPI) -> None:
+    @api.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(APIError(exc.status_code, str(exc.detail)))
+
+    @api.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(APIError(400, str(exc.errors()[0].get("msg", "invalid request"))))
+
+
+def _cause(exc: BaseException) -> BaseException:
+    # Ray wraps a replica's exception in RayTaskError (which also subclasses it); its str() carries a traceback.
+    return getattr(exc, "cause", None) or exc
+
+
+def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
+    """A fresh FastAPI app and ingress class per build, so optional routers never mutate shared state."""
+    api = FastAPI(title="tokenflow_ray", docs_url=None, redoc_url=None)
+    _install_error_handlers(api)
+    for router in routers:
+        api.include_router(router)
+
+    @serve.ingress(api)
+    class OpenAIIngress:
+        def __init__(self, llm: DeploymentHandle, settings: IngressSettings, *extra: DeploymentHandle) -> None:
+            self.llm = llm.options(stream=True)
+            self.llm_unary = llm
+            self.s = settings
+            self.central = get_central(settings.central_name, settings.central_namespace)
+
+        # ---- request plumbing ---------------------------------------------------------------------------------
+        def _auth(self, request: Request) -> None:
+            if self.s.api_key is None:
+                return
+            header = request.headers.get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            if not hmac.compare_digest(token.strip().encode(), self.s.api_key.encode()):
+                raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+
+        async def _body(self, request: Request) -> bytes:
+            limit = self.s.max_body_bytes
+            too_big = APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise too_big
+            chunks, size = [], 0
+            async for chunk in request.stream():  # chunked bodies carry no length: count as they come
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        # ---- OpenAI routes ------------------------------------------------------------------------------------
+        @api.post("/v1/completions")
+        async def completions(self, request: Request) -> Response:
+            self._auth(request)
+            req = parse_body(await self._body(request), CompletionRequest)
+            prompt = req.prompt if isinstance(req.prompt, str) else tuple(req.prompt)
+            return await self._generate(req, "cmpl-", prompt=prompt)
+
+        @api.post("/v1/chat/completions")
+        async def chat_completions(self, request: Request) -> Response:
+            self._auth(request)
+            req = parse_body(await self._body(request), ChatCompletionRequest)
+            messages = tuple((m.role, m.text()) for m in req.messages)
+            return await self._generate(req, "chatcmpl-", messages=messages)
+
+        async def _generate(self, req: CompletionRequest | ChatCompletionRequest, prefix: str,
+                            **prompt: object) -> Response:
+            if req.model != self.s.model:
+                raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.s.model!r}",
+                               param="model", code="model_not_found")
+            try:
+                sampling = req.sampling(self.s.default_max_tokens)
+            except ValueError as exc:
+                raise engine_value_error(exc) from None
+            stream_id = prefix + uuid.uuid4().hex
+            gen = self.llm.generate.remote(GenerateRequest(stream_id, sampling, rate=req.consumption_rate,
+                                                           **prompt))
+            try:
+                first = await gen.__anext__()
+            except ValueError as exc:
+                raise engine_value_error(_cause(exc)) from None  # type: ignore[arg-type]
+            chat = isinstance(req, ChatCompletionRequest)
+            created = int(time.time())
+            if not req.stream:
+                return await self._collect(gen, first, stream_id, req.model, created, chat)
+            writer = ChunkWriter(stream_id, req.model, created, chat, req.include_usage, req.continuous_usage)
+            return StreamingResponse(self._sse(gen, first, writer), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Stream-Id": stream_id})
+
+        async def _sse(self, gen, first: Delta, writer: ChunkWriter) -> AsyncIterator[bytes]:
+            last = first
+            try:
+                yield writer.chunk(first)
+                while not last.finished:
+                    last = await gen.__anext__()
+                    yield writer.chunk(last)
+                yield writer.final(last)
+            except StopAsyncIteration:
+                yield writer.final(last)
+            except Exception as exc:  # after the headers: the error goes inside the stream, as OpenAI does
+                yield sse(APIError(500, f"stream failed: {_cause(exc)}", code="stream_failed").body())
+            finally:
+                if not last.finished:
+                    gen.cancel()  # client gone: the replica aborts the stream and frees its KV
+
+        async def _collect(self, gen, first: Delta, stream_id: str, model: str, created: int,
+                           chat: bool) -> JSONResponse:
+            parts, last = [first.text], first
+            try:
+                while not last.finished:
+                    last = await gen.__anext__()
+                    parts.append(last.text)
+            except StopAsyncIteration:
+                pass
+            finally:
+                if not last.finished:
+                    gen.cancel()
+            return JSONResponse(full_response(stream_id, model, created, chat, "".join(parts), last))
+
+        # ---- the consumption-rate extension -------------------------------------------------------------------
+        @api.post("/v1/streams/{stream_id}/consumption", status_code=204)
+        async def consumption(self, stream_id: str, request: Request) -> Response:
+            self._auth(request)
+            rep = parse_body(await self._body(request), ConsumptionReport)
+            known = await self.central.report.remote(Report(stream_id, rep.consumed_tokens, rep.rate, rep.paused))
+            if not known:
+                raise APIError(404, f"stream {stream_id!r} is unknown or finished", param="stream_id",
+                               code="stream_not_found")
+            return Response(status_code=204)
+
+        # ---- discovery and operations -------------------------------------------------------------------------
+        @api.get("/v1/models")
+        async def models(self, request: Request) -> dict:
+            self._auth(request)
+            return {"object": "list", "data": [{"id": self.s.model, "object": "model", "created": 0,
+                                                "owned_by": "tokenflow_ray"}]}
+
+        @api.get("/health")
+        async def health(self) -> dict:
+            return {"status": "ok"}
+
+        @api.get("/metrics")
+        async def metrics(self) -> Response:
+            from tokenflow_ray.serve.metrics import render_prometheus
+
+            stats = await self.central.stats.remote()
+            return Response(render_prometheus(stats), media_type="text/plain; version=0.0.4")
+
+    return OpenAIIngress

@@ -1,0 +1,46 @@
+"""A local Ray + Serve session for the demo, the bench and `tokenflow serve` (one place for the env rules)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def init_ray(num_cpus: int | None = None) -> bool:
+    """Join RAY_ADDRESS if set, else start a local instance; True if this call started Ray."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+@contextlib.contextmanager
+def local_serve(num_cpus: int = 4, host: str = "127.0.0.1", port: int | None = None) -> Iterator[str]:
+    """Ray + Serve on loopback for the duration; yields the base URL. Shuts down what it started."""
+    from ray import serve
+
+    started = init_ray(num_cpus)
+    port = port or free_port(host)
+    serve.start(http_options={"host": host, "port": port})
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        serve.shutdown()
+        if started:
+            import ray
+
+            ray.shutdown()

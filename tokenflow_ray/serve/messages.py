@@ -1,0 +1,36 @@
+"""Plain dataclasses that cross the ingress -> replica -> central actor boundaries (pickled by Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenflow_ray.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    stream_id: str  # chosen by the ingress: it is the OpenAI completion id and the consumption-report key
+    sampling: SamplingParams
+    prompt: str | tuple[int, ...] | None = None
+    messages: tuple[tuple[str, str], ...] | None = None  # (role, text): the replica applies the chat template
+    rate: float | None = None  # declared consumption rate (None: the server default)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Tokens since the previous delta of one stream (several engine steps when grouped)."""
+
+    text: str
+    num_new_tokens: int
+    num_prompt_tokens: int
+    num_output_tokens: int  # cumulative
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    stream_id: str
+    consumed_tokens: int | None = None
+    rate: float | None = None
+    paused: bool | None = None

@@ -1,0 +1,134 @@
+"""Serving metrics, two ways from one snapshot.
+
+1. `ReplicaMetrics`: `ray.util.metrics` Histogram/Counter/Gauge in each replica; Ray exports them on every node's
+   metrics port (what a Prometheus scraping the Ray cluster sees).
+2. `render_prometheus`: the app's own `GET /metrics`. Ray's export lives on a per-node port that a user of the HTTP
+   app may not reach, so the ingress renders the same numbers with prometheus_client from the stats every replica
+   sends to the central actor (a fresh CollectorRegistry per scrape: no process-global registry).
+
+Definitions (TTFT, TBT, effective-throughput weights) are tokenflow_ray.metrics', counted over finished streams.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from tokenflow_ray.metrics.stream_metrics import StreamRecord, effective_tokens
+
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class HistogramCounts:
+    """Cumulative-friendly bucket counts (picklable plain data; merged across replicas by the renderer)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        for v in values:
+            self.counts[bisect.bisect_left(self.bounds, v)] += 1
+            self.total += v
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total}
+
+
+class StreamTotals:
+    """What a replica accumulates from its finished streams."""
+
+    def __init__(self) -> None:
+        self.ttft = HistogramCounts(TTFT_BUCKETS)
+        self.tbt = HistogramCounts(TBT_BUCKETS)
+        self.tokens = 0
+        self.effective_tokens = 0.0
+
+    def add(self, records: Iterable[StreamRecord]) -> None:
+        for r in records:
+            if r.ttft_s is not None:
+                self.ttft.observe_many([r.ttft_s])
+            self.tbt.observe_many(r.tbt_s)
+            self.tokens += r.output_len
+            self.effective_tokens += effective_tokens(r)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ttft": self.ttft.to_dict(), "tbt": self.tbt.to_dict(), "tokens_total": self.tokens,
+                "effective_tokens_total": self.effective_tokens}
+
+
+class ReplicaMetrics:
+    """Ray-exported metrics of one replica (created in the replica's constructor, never at import)."""
+
+    def __init__(self, model: str) -> None:
+        from ray.util import metrics as m
+
+        tags, keys = {"model": model}, ("model",)
+        self.ttft = m.Histogram("tokenflow_ttft_seconds", "submission to first token", list(TTFT_BUCKETS), keys)
+        self.tbt = m.Histogram("tokenflow_tbt_seconds", "gap between tokens as emitted", list(TBT_BUCKETS), keys)
+        self.tokens = m.Counter("tokenflow_tokens_total", "generated tokens", keys)
+        self.effective = m.Counter("tokenflow_effective_tokens_total",
+                                   "tokens weighted by reader buffer (rate() = effective throughput)", keys)
+        self.gauges = {name: m.Gauge(f"tokenflow_{name}", name.replace("_", " "), keys)
+                       for name in ("buffer_tokens_mean", "num_running", "num_waiting", "device_blocks_free",
+                                    "preemptions", "bytes_to_host", "bytes_from_host", "effective_tput")}
+        for metric in (self.ttft, self.tbt, self.tokens, self.effective, *self.gauges.values()):
+            metric.set_default_tags(tags)
+
+    def observe(self, records: Sequence[StreamRecord], stats: dict[str, Any]) -> None:
+        for r in records:
+            if r.ttft_s is not None:
+                self.ttft.observe(r.ttft_s)
+            for gap in r.tbt_s:
+                self.tbt.observe(gap)
+            if r.output_len:
+                self.tokens.inc(r.output_len)
+                self.effective.inc(effective_tokens(r))
+        for name, gauge in self.gauges.items():
+            value = stats.get(name)
+            if isinstance(value, (int, float)):
+                gauge.set(float(value))
+
+
+def engine_stats_dict(stats: Any) -> dict[str, Any]:
+    return {k: v for k, v in asdict(stats).items() if isinstance(v, (int, float))}
+
+
+def render_prometheus(by_replica: dict[str, dict[str, Any]]) -> bytes:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    class _Snapshot:
+        def collect(self):
+            for key, name, doc in (("ttft", "tokenflow_ttft_seconds", "submission to first token"),
+                                   ("tbt", "tokenflow_tbt_seconds", "gap between tokens as emitted")):
+                fam = HistogramMetricFamily(name, doc, labels=["replica"])
+                for rid, s in by_replica.items():
+                    h = s["totals"][key]
+                    cum, buckets = 0, []
+                    for bound, count in zip([*h["bounds"], float("inf")], h["counts"]):
+                        cum += count
+                        buckets.append(("+Inf" if bound == float("inf") else str(bound), cum))
+                    fam.add_metric([rid], buckets, h["sum"])
+                yield fam
+            for key, doc in (("tokens_total", "generated tokens"),
+                             ("effective_tokens_total", "buffer-weighted tokens (rate() = effective throughput)")):
+                fam = CounterMetricFamily(f"tokenflow_{key.removesuffix('_total')}", doc, labels=["replica"])
+                for rid, s in by_replica.items():
+                    fam.add_metric([rid], s["totals"][key])
+                yield fam
+            gauge_keys = sorted({k for s in by_replica.values() for k in s["gauges"]})
+            for key in gauge_keys:
+                fam = GaugeMetricFamily(f"tokenflow_{key}", key.replace("_", " "), labels=["replica"])
+                for rid, s in by_replica.items():
+                    if key in s["gauges"]:
+                        fam.add_metric([rid], float(s["gauges"][key]))
+                yield fam
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot())
+    return generate_latest(registry)

@@ -1,0 +1,185 @@
+"""LLMServer: the Serve deployment replica that owns one engine (model, device KV pool, host spill store).
+
+Streams deltas to the ingress over one handle hop: the first token alone and at once, later tokens grouped every
+`stream_interval_s` (ray-notes §6.3: a per-token item costs ~0.7 ms, batching the first token costs TTFT). Client
+consumption reports arrive through the central actor's long-poll and are applied on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ray import serve
+
+from tokenflow_ray.engine.async_engine import AsyncLLMEngine
+from tokenflow_ray.engine.config import EngineConfig
+from tokenflow_ray.serve.central import get_central
+from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
+from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    central_name: str
+    central_namespace: str
+    stream_interval_s: float = 0.02
+    stats_interval_s: float = 0.5  # stats ride on the report long-poll at most this often
+
+
+class LLMServer:
+    async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings) -> None:
+        from tokenflow_ray.engine.llm_engine import LLMEngine  # torch loads here, not in the ingress
+
+        self.settings = settings
+        self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
+        self.aengine = AsyncLLMEngine(self.engine)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.central = get_central(settings.central_name, settings.central_namespace)
+        self.metrics = ReplicaMetrics(engine_config.model.model)
+        self.totals = StreamTotals()
+        self._seen_finished = 0
+        self._last_snapshot = time.monotonic()
+        self._live: dict[str, float | None] = {}  # stream id -> declared rate, for re-registering after a restart
+        self._poll = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    # ---- token path -------------------------------------------------------------------------------------------
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+        prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
+        loop = asyncio.get_running_loop()
+        registered: list[asyncio.Future] = []
+
+        def on_added(sid: str) -> None:  # registration runs while the prompt is prefilled
+            self._live[sid] = req.rate
+            registered.append(loop.create_task(self._register(sid, req.rate)))
+
+        interval = self.settings.stream_interval_s
+        text: list[str] = []
+        n_new, last_emit = 0, None
+        try:
+            async for out in self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id,
+                                                   on_added=on_added, rate=req.rate):
+                text.append(out.text)
+                n_new += len(out.token_ids)
+                now = time.monotonic()
+                if out.finished or last_emit is None or now - last_emit >= interval:
+                    if last_emit is None and registered:
+                        await registered[0]  # reports for this stream may follow its first token
+                    yield Delta("".join(text), n_new, out.num_prompt_tokens, out.num_output_tokens,
+                                out.finished, out.finish_reason)
+                    text.clear()
+                    n_new, last_emit = 0, now
+        finally:
+            if self._live.pop(req.stream_id, None) is not None or registered:
+                self.central.deregister.remote(req.stream_id)
+
+    def _chat_prompt(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
+        tok = self.engine.tokenizer
+        if getattr(tok, "chat_template", None) is None:
+            raise ValueError("messages: this model has no chat template; use /v1/completions")
+        ids = tok.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=True,
+                                      add_generation_prompt=True)
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    async def _register(self, sid: str, rate: float | None) -> None:
+        try:
+            await self.central.register.remote(sid, self.replica_id, rate)
+        except Exception:  # the central actor is restarting: the poll loop re-registers
+            log.warning("could not register stream %s with the central actor", sid)
+
+    # ---- consumption reports and stats ------------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        last_stats = 0.0
+        while True:
+            try:
+                stats = None
+                if time.monotonic() - last_stats >= self.settings.stats_interval_s:
+                    stats, last_stats = await self._stats_snapshot(), time.monotonic()
+                reports = await self.central.wait_reports.remote(self.replica_id, stats)
+                if reports:
+                    await self.aengine.call(lambda rs=reports: self._apply(rs))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("report poll failed; re-registering %d live streams", len(self._live))
+                await asyncio.sleep(0.5)
+                for sid, rate in list(self._live.items()):
+                    self.central.register.remote(sid, self.replica_id, rate)
+
+    def _apply(self, reports: list[Report]) -> None:  # engine thread
+        for r in reports:
+            try:
+                self.engine.report_consumption(r.stream_id, r.consumed_tokens, r.rate, r.paused)
+            except (LookupError, ValueError) as exc:  # finished meanwhile, or ahead of what was generated
+                log.debug("report for %s dropped: %s", r.stream_id, exc)
+
+    async def _stats_snapshot(self) -> dict:
+        def collect():  # engine thread: engine state is only touched there
+            stats = engine_stats_dict(self.engine.stats())
+            done = stats.get("streams_finished", 0)
+            new = min(done - self._seen_finished, len(self.engine.finished_records))
+            self._seen_finished = done
+            records = list(self.engine.finished_records)[len(self.engine.finished_records) - new:] if new else []
+            now = self.engine.clock.now()
+            buffers = [s.reader.buffer_at(now) for s in self.engine.scheduler.streams.values()]
+            stats["buffer_tokens_mean"] = sum(buffers) / len(buffers) if buffers else 0.0
+            stats.update(self._kv_usage())
+            return stats, records
+
+        stats, records = await self.aengine.call(collect)
+        before, now = self.totals.effective_tokens, time.monotonic()
+        self.totals.add(records)
+        # Effective throughput over the window since the last snapshot (streams count when they finish).
+        stats["effective_tput"] = (self.totals.effective_tokens - before) / max(1e-3, now - self._last_snapshot)
+        self._last_snapshot = now
+        self.metrics.observe(records, stats)
+        return {"gauges": stats, "totals": self.totals.to_dict()}
+
+    def _kv_usage(self) -> dict[str, int]:  # engine thread
+        usage = {"device_blocks_total": self.engine.pool.num_blocks, "device_blocks_free": self.engine.pool.num_free}
+        host = getattr(getattr(self.engine.scheduler, "kv", None), "host", None) or getattr(
+            self.engine, "host_pool", None)
+        if host is not None:
+            usage.update(host_blocks_total=host.num_blocks, host_blocks_free=host.num_free)
+        return usage
+
+    # ---- introspection (handle calls from tests, bench and the ingress) ----------------------------------------
+    async def kv_usage(self) -> dict[str, int]:
+        return await self.aengine.call(self._kv_usage)
+
+    async def stream_state(self, stream_id: str) -> dict | None:
+        def read():
+            s = self.engine.get_stream(stream_id)
+            if s is None:
+                return None
+            now = self.engine.clock.now()
+            return {"status": s.status.name, "rate": s.reader.rate, "paused": s.reader.paused,
+                    "buffer": s.reader.buffer_at(now), "consumed": s.reader.consumed_at(now),
+                    "generated": s.reader.generated, "num_device_blocks": len(s.block_ids)}
+
+        return await self.aengine.call(read)
+
+    async def check_integrity(self) -> bool:
+        await self.aengine.call(self.engine.check_integrity)
+        return True
+
+    async def stats(self) -> dict:
+        return await self._stats_snapshot()
+
+    async def check_health(self) -> None:
+        # A dead or wedged engine thread never answers; Serve then restarts the replica.
+        await asyncio.wait_for(self.aengine.call(lambda: None), timeout=20.0)
+
+    def __del__(self) -> None:
+        poll = getattr(self, "_poll", None)
+        if poll is not None:
+            poll.cancel()
+        if hasattr(self, "aengine"):
+            self.aengine.shutdown(timeout=1.0)

@@ -1,0 +1,83 @@
+"""`tokenflow tokenizer experiment|bench` (and `train` when tokenflow_ray.tokenizer.train_cli exists)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+_TRAIN_CLI = "tokenflow_ray.tokenizer.train_cli"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _write_json(path: str, payload: dict) -> None:
+    target = Path(path)
+    if target.parent and not target.parent.exists():
+        raise ValueError(f"--json directory does not exist: {target.parent}")
+    target.write_text(json.dumps(payload, indent=2))
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    import dataclasses
+    import warnings
+
+    from .experiment.report import markdown_table, write_plots
+    from .experiment.run import QUICK, ExperimentConfig, run_experiment
+
+    base = QUICK if args.quick else ExperimentConfig()
+    cfg = dataclasses.replace(base, seeds=args.seeds) if args.seeds is not None else base
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LPIPS skipped")  # LPIPS is off in every arm (§6 Tier B)
+        warnings.filterwarnings("ignore", category=UserWarning, module="sklearn")
+        warnings.filterwarnings("ignore", message=".*lbfgs failed to converge.*")
+        result = run_experiment(cfg)
+    table = markdown_table(result)
+    plots = write_plots(result, args.plots)
+    (Path(args.plots) / "table.md").write_text(table)
+    result["plots"] = plots
+    _write_json(args.json, result)
+    print(table)
+    print(json.dumps(result["verdict"]))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(codebook_size=args.codebook_size, num_tokens=args.tokens, threads=args.threads)
+    result = run_bench(cfg)
+    _write_json(args.json, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=2))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("experiment", help="§6 Tier B experiment on colourised sklearn digits")
+    p.add_argument("--json", required=True, help="where to write the result JSON")
+    p.add_argument("--plots", required=True, help="directory for PNGs and table.md")
+    p.add_argument("--seeds", type=_positive, default=None, help="number of seeds (default 3; 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="reduced run for CI (well under 2 minutes)")
+    p.set_defaults(handler=_experiment)
+
+    b = subparsers.add_parser("bench", help="chunked shared-index search vs naive cdist+argmin")
+    b.add_argument("--json", required=True)
+    b.add_argument("--codebook-size", type=_positive, default=32768)
+    b.add_argument("--tokens", type=_positive, default=4096)
+    b.add_argument("--threads", type=int, choices=(1, 2), default=1,
+                   help="torch threads for both methods (default 1: the box is shared, see docs/tokenizer.md)")
+    b.set_defaults(handler=_bench)
+
+    try:
+        train_cli = importlib.import_module(_TRAIN_CLI)
+    except ModuleNotFoundError as exc:
+        if exc.name != _TRAIN_CLI:
+            raise
+    else:
+        train_cli.register(subparsers)

@@ -1,0 +1,44 @@
+"""The §6 teacher: a small CNN classifier trained on split A with colour augmentation (every batch is recoloured),
+so its stride-4 feature map is colour-invariant and plays CLIP's role for the semantic branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import SemanticConfig
+from ..semantic import CNNTower
+from .data import DigitSplit, colourise
+
+
+@dataclass(frozen=True)
+class TeacherResult:
+    tower: CNNTower
+    acc_c: float  # digit accuracy on split C (sanity: the teacher must actually know the digits)
+
+
+def train_teacher(cfg: SemanticConfig, train: DigitSplit, test: DigitSplit, steps: int, seed: int,
+                  batch: int = 128, lr: float = 3e-3) -> TeacherResult:
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed + 1000)
+    tower = CNNTower(cfg)
+    head = nn.Linear(cfg.feature_dim, 10)
+    opt = torch.optim.Adam([*tower.parameters(), *head.parameters()], lr=lr)
+    labels = torch.from_numpy(train.digit_N).long()
+    classify = lambda x: head(tower.target(x).mean(dim=(2, 3)))  # noqa: E731
+    for _ in range(steps):
+        pick = torch.from_numpy(rng.integers(0, len(labels), batch))
+        images, _ = colourise(train.alpha_N1HW[pick], rng)  # fresh colours: colour carries no label information
+        loss = F.cross_entropy(classify(images), labels[pick])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    tower.eval()
+    with torch.no_grad():
+        pred = torch.cat([classify(x).argmax(1) for x in test.images_NCHW.split(512)]).numpy()
+    return TeacherResult(tower=tower, acc_c=float((pred == test.digit_N).mean()))

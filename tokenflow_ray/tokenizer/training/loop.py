@@ -1,0 +1,201 @@
+"""The per-worker training loop run by Ray Train's TorchTrainer.
+
+Per step: generator (the tokenizer, DDP) forward + backward + Adam, EMA update; then, once the GAN is active, a
+discriminator step with its own Adam. Each `log_every` steps every rank calls `ray.train.report` with metrics
+all-reduced over ranks (per-term losses, codebook usage, images/s, step vs data-wait time, skipped images, which nodes
+the workers run on); every `checkpoint_every` steps rank 0 also attaches a checkpoint. On start the loop resumes from
+`ray.train.get_checkpoint()` (a rerun with the same run name and storage, or a FailureConfig restart).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import TrainState, load_state, save_state
+from .config import TrainConfig
+from .metrics import IntervalMeter
+
+LOSS_TERMS = ("loss", "sem_loss", "vq_loss", "mse_loss", "l1_loss", "lpips_loss", "gan_loss")
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce(values: list[float], op=None) -> list[float]:
+    """Sum (or `op`) a list of floats over ranks in one collective."""
+    if _world()[1] == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def _all_gather(obj) -> list:
+    if _world()[1] == 1:
+        return [obj]
+    out = [None] * _world()[1]
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _average_grads(module: torch.nn.Module) -> None:
+    # Why by hand: D is called several times per step (real, fake, and inside G's loss), which DDP's reducer does not
+    # expect; averaging its gradients once after backward is the same maths and has no such constraint.
+    world = _world()[1]
+    if world == 1:
+        return
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world
+
+
+def _build(cfg: TrainConfig, device):
+    from ray.train.torch import prepare_model
+
+    from ..discriminator import PatchDiscriminator
+    from ..model import DualCodebookTokenizer
+
+    tok_cfg = cfg.tokenizer_config()
+    torch.manual_seed(cfg.data.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+    raw = DualCodebookTokenizer(tok_cfg).to(device)
+    # find_unused_parameters: the trainable tower's pooler/projection and a dropped scale's gain get no gradient.
+    # broadcast_buffers=False: the usage window is per rank bookkeeping, not state to overwrite from rank 0.
+    model = prepare_model(raw, parallel_strategy_kwargs={"find_unused_parameters": True, "broadcast_buffers": False})
+    o = cfg.optim
+    opt_g = torch.optim.Adam([p for p in raw.parameters() if p.requires_grad], lr=o.lr, betas=o.betas)
+    disc = opt_d = None
+    if tok_cfg.loss.gan_weight > 0:
+        disc = PatchDiscriminator(tok_cfg.loss.disc_ndf, tok_cfg.loss.disc_layers).to(device)
+        opt_d = torch.optim.Adam(disc.parameters(), lr=o.disc_lr, betas=o.betas)
+    ema = ({n: p.detach().clone() for n, p in raw.named_parameters() if p.requires_grad}
+           if o.ema_decay > 0 else None)
+    return raw, model, opt_g, disc, opt_d, ema
+
+
+def train_loop(loop_config: dict) -> dict:
+    import ray.train
+    from ray.train import Checkpoint
+    from ray.train.torch import get_device
+
+    from ..losses import discriminator_loss, gan_active
+
+    cfg = TrainConfig.from_dict(loop_config["train"])
+    progress = loop_config.get("progress")  # a ProgressActor handle, or None
+    torch.set_num_threads(cfg.scaling.torch_threads)
+    rank, world = _world()
+    device = get_device()
+    raw, model, opt_g, disc, opt_d, ema = _build(cfg, device)
+    tok_cfg = raw.config
+
+    state = TrainState(step=0, epoch=0, batch_in_epoch=0, model={}, opt_g={}, config=cfg.to_dict())
+    resumed_from = 0
+    if (ckpt := ray.train.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            state = load_state(d)
+        raw.load_state_dict(state.model)
+        opt_g.load_state_dict(state.opt_g)
+        if disc is not None and state.disc is not None:
+            disc.load_state_dict(state.disc)
+            opt_d.load_state_dict(state.opt_d)
+        if ema is not None and state.ema:
+            ema = {n: v.to(device) for n, v in state.ema.items()}
+        resumed_from = state.step
+    workers = _all_gather({"rank": rank, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()})
+    if progress is not None and rank == 0:
+        progress.register.remote(workers, resumed_from)
+
+    meter = IntervalMeter(LOSS_TERMS)
+    shard = ray.train.get_dataset_shard("train")
+    step, epoch, skip = state.step, state.epoch, state.batch_in_epoch
+    prev_x = None
+    while step < cfg.schedule.steps:
+        batch_in_epoch = 0
+        it = iter(shard.iter_torch_batches(batch_size=cfg.data.batch_size, drop_last=True, device=device))
+        while step < cfg.schedule.steps:
+            t0 = time.perf_counter()
+            batch = next(it, None)
+            if batch is None:
+                break
+            batch_in_epoch += 1
+            if batch_in_epoch <= skip:  # data position: batches this epoch consumed before the checkpoint
+                continue
+            t1 = time.perf_counter()
+            valid = batch["valid"].bool()
+            x = batch["image"][valid]
+            meter.skipped += int((~valid).sum())
+            if x.shape[0] == 0:
+                # Why reuse: every rank must run the same number of DDP steps, even if its whole batch was corrupt.
+                x = prev_x if prev_x is not None else batch["image"]
+            prev_x = x
+            use_gan = disc is not None and gan_active(tok_cfg.loss, step)
+            if use_gan:
+                disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
+            out = model(x, step=step, discriminator=disc if use_gan else None)
+            opt_g.zero_grad(set_to_none=True)
+            out.loss.backward()
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.optim.grad_clip)
+            opt_g.step()
+            if ema is not None:
+                with torch.no_grad():
+                    for name, p in raw.named_parameters():
+                        if name in ema:
+                            ema[name].lerp_(p.detach(), 1 - cfg.optim.ema_decay)
+            terms = {k: float(getattr(out, k).detach()) for k in LOSS_TERMS}
+            if use_gan:
+                disc.requires_grad_(True)
+                d = discriminator_loss(disc, x, out.recon_BCHW)
+                opt_d.zero_grad(set_to_none=True)
+                d.loss.backward()
+                _average_grads(disc)
+                opt_d.step()
+                terms["disc_loss"] = float(d.loss)
+            step += 1
+            meter.add(terms, images=x.shape[0], wait_s=t1 - t0, step_s=time.perf_counter() - t1, usage=out.usage)
+            last = step == cfg.schedule.steps
+            if step % cfg.schedule.log_every and step % cfg.schedule.checkpoint_every and not last:
+                continue
+            metrics = meter.flush(_all_reduce, world)
+            state.skipped_images += metrics.pop("skipped_images_interval")
+            state.curve.append([step, metrics["loss"]])
+            metrics.update(step=step, epoch=epoch, world_size=world, resumed_from_step=resumed_from,
+                           skipped_images=int(state.skipped_images), loss_curve=list(state.curve),
+                           worker_node_ids=[w["node_id"] for w in workers], worker_pids=[w["pid"] for w in workers])
+            if progress is not None and rank == 0:
+                progress.update.remote(metrics)
+            if step % cfg.schedule.checkpoint_every == 0 or last:
+                _report_with_checkpoint(metrics, state, step, epoch, batch_in_epoch, raw, opt_g, disc, opt_d, ema,
+                                        rank, Checkpoint)
+            else:
+                ray.train.report(metrics)
+            meter.restart_clock()  # why: images/s measures training, not the report/checkpoint just done
+        skip = 0
+        epoch += 1
+    return {"loss_curve": state.curve, "step": step}
+
+
+def _report_with_checkpoint(metrics, state, step, epoch, batch_in_epoch, raw, opt_g, disc, opt_d, ema, rank,
+                            checkpoint_cls) -> None:
+    import ray.train
+
+    state.step, state.epoch, state.batch_in_epoch = step, epoch, batch_in_epoch
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if rank == 0:  # identical weights on every rank after DDP; one copy is enough
+            state.model = raw.state_dict()
+            state.opt_g = opt_g.state_dict()
+            state.disc = disc.state_dict() if disc is not None else None
+            state.opt_d = opt_d.state_dict() if opt_d is not None else None
+            state.ema = {n: v.cpu() for n, v in ema.items()} if ema is not None else None
+            save_state(tmp, state)
+            checkpoint = checkpoint_cls.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)  # all ranks call report; only rank 0 attaches one
