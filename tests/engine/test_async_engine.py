@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
+from tests.engine.factories import make_fake_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.clock import WallClock
 from tokenflow_ray.engine.sampling import SamplingParams
-from tests.engine.factories import make_fake_engine
 
 
 @pytest.fixture

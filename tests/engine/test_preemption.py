@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.engine.factories import make_fake_engine
 from tokenflow_ray.engine.policies import TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
-from tests.engine.factories import make_fake_engine
 
 
 def _drive(engine, max_steps=5000, dt=0.01, on_step=None):

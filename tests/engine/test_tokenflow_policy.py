@@ -4,11 +4,11 @@ import math
 
 import pytest
 
+from tests.engine.factories import make_fake_engine
 from tokenflow_ray.engine.llm_engine import UnknownStreamError
 from tokenflow_ray.engine.policies import TokenFlowConfig, TokenFlowPolicy
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
-from tests.engine.factories import make_fake_engine
 
 DT = 0.05  # virtual seconds per step: each running stream makes 20 tok/s
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.runner.test_parity import NEW_TOKENS, _hf_reference_cached, _prompts
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
-from tests.runner.test_parity import NEW_TOKENS, _hf_reference_cached, _prompts
 
 
 def _engine(model_dir, overlap=True, write_through=True, host=256, resume="load"):

@@ -33,7 +33,50 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policies(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.plots import write_policy_plots
+    from tokenflow_ray.bench.policy_bench import PolicyBenchConfig, run_policy_bench
+    from tokenflow_ray.engine.policies import TokenFlowConfig
+
+    cfg = PolicyBenchConfig(workload=args.workload, num_requests=args.requests, rate=args.rate,
+                            kv_fraction=args.kv_fraction, length_scale=args.length_scale, seed=args.seed,
+                            policies=tuple(p for p in args.policies.split(",") if p),
+                            tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu))
+    out, artifacts = run_policy_bench(cfg, ablation=args.ablation)
+    if args.plots:
+        out["plots"] = write_policy_plots(artifacts, args.plots)
+        print("plots:", ", ".join(out["plots"]))
+    write_json(args.json, out)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tokenflow_ray.serve.bench import ServeBenchConfig, run_serve_bench
+
+    result = run_serve_bench(ServeBenchConfig(streams=args.streams, max_tokens=args.max_tokens, runs=args.runs,
+                                              threads=args.threads))
+    print(f"HTTP {result['http_tok_s']:.0f} tok/s vs in-process {result['inproc_tok_s']:.0f} tok/s "
+          f"({result['ratio']:.2f}x) at {result['streams']} streams")
+    write_json(args.json, result)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
+    p.add_argument("--workload", default="burst", choices=["burst", "poisson", "gamma", "mixed"])
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--rate", type=float, default=20.0, help="reader rate, tokens/s")
+    p.add_argument("--kv-fraction", type=float, default=0.3, help="device KV pool / the burst's full-length KV")
+    p.add_argument("--length-scale", type=float, default=1 / 8, help="scale on the paper's Table 1 lengths")
+    p.add_argument("--policies", default="fcfs,andes,tokenflow")
+    p.add_argument("--delta-t", type=float, default=0.2, help="tokenflow: seconds between working-set decisions")
+    p.add_argument("--mu", type=float, default=2.0, help="tokenflow: buffer conservativeness")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plots", metavar="DIR")
+    p.set_defaults(handler=_policies)
+
     p = sub.add_parser("engine", help="decode tok/s: engine vs HF generate and generate_batch, roofline, mixed lengths")
     p.add_argument("--model", default="embedded")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -44,3 +87,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch (slow)")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(handler=_engine)
+
+    s = sub.add_parser("serve", help="the same streams through HTTP/SSE (Ray Serve) vs in-process")
+    s.add_argument("--streams", type=int, default=32)
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--runs", type=int, default=3, help="alternating runs per side; the median is reported")
+    s.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
+    s.add_argument("--json", metavar="PATH")
+    s.set_defaults(handler=_serve)

@@ -22,6 +22,9 @@ class ModelConfig:
     device: str = "auto"  # auto: cuda if available else cpu
     max_model_len: int | None = None  # None: the model config's max_position_embeddings
     seed: int = 0  # seeds the engine's default sampling generator
+    # torch intra-op threads (process-wide). None: torch's default. On a small shared CPU box 1 is the safe
+    # choice beside a copy thread: OpenMP teams of 2 stall at barriers whenever another thread takes a core.
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model: must name a local directory, a hub id or 'embedded'")
@@ -29,6 +32,7 @@ class ModelConfig:
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
                  f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
+        _require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
 
 
 @dataclass(frozen=True)

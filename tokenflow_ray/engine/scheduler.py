@@ -120,8 +120,11 @@ class Scheduler:
         scheduled: set[str] = set()
         forced = False
         queue = [s for s in ranked if s.status == StreamStatus.RUNNING]
+        held = self.policy.hold(queue, view)
         while queue and budget > 0:
             stream = queue.pop(0)
+            if stream.stream_id in held:
+                continue
             n = self._chunk_len(stream, budget)
             if n == 0:
                 continue

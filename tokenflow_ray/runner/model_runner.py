@@ -40,6 +40,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class TorchModelRunner:
     def __init__(self, config: EngineConfig, attention_backend: str = "auto") -> None:
         mc, cc = config.model, config.cache
+        if mc.num_threads is not None:
+            torch.set_num_threads(mc.num_threads)
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
         self.model_dir = resolve_model_dir(mc.model)

@@ -22,6 +22,7 @@ class ServeBenchConfig:
     runs: int = 3
     threads: int = 2  # torch threads on both sides (the replica's num_cpus)
     policy: str = "fcfs"
+    stream_interval_s: float | None = None  # None: the app's default grouping interval
 
     def __post_init__(self) -> None:
         if self.streams <= 0 or self.max_tokens <= 0 or self.runs <= 0 or self.threads <= 0:
@@ -55,7 +56,8 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict:
     from tokenflow_ray.serve.local import local_serve
 
     serve_cfg = ServeConfig(app_name="bench", policy=cfg.policy, max_num_seqs=max(64, cfg.streams),
-                            num_device_blocks=1024, num_cpus=float(cfg.threads), images=False)
+                            num_device_blocks=1024, num_cpus=float(cfg.threads), images=False,
+                            **({} if cfg.stream_interval_s is None else {"stream_interval_s": cfg.stream_interval_s}))
     torch.set_num_threads(cfg.threads)
     aengine = AsyncLLMEngine(LLMEngine.from_config(serve_cfg.engine_config()))
     specs = [StreamSpec(p, max_tokens=cfg.max_tokens, rate=0.0) for p in _prompts(cfg.streams)]
@@ -64,6 +66,9 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict:
         deploy(serve_cfg)
         try:
             asyncio.run(run_load(base_url, specs[:2], timeout_s=120))  # warm-up: imports, first step
+            from ray import serve
+
+            replica = serve.get_deployment_handle("LLMServer", serve_cfg.app_name).runtime_info.remote().result()
             asyncio.run(_inproc_run(aengine, ServeBenchConfig(2, cfg.max_tokens, 1, cfg.threads)))
             for _ in range(cfg.runs):
                 tokens, wall = asyncio.run(_inproc_run(aengine, cfg))
@@ -76,6 +81,6 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict:
             undeploy(serve_cfg)
             aengine.shutdown()
     inproc_med, http_med = statistics.median(inproc), statistics.median(http)
-    return {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "runs": cfg.runs, "threads": cfg.threads,
-            "http_tok_s": http_med, "inproc_tok_s": inproc_med, "ratio": http_med / inproc_med,
+    return {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "runs": cfg.runs, "threads": cfg.threads, "replica": replica,
+            "stream_interval_s": serve_cfg.stream_interval_s, "http_tok_s": http_med, "inproc_tok_s": inproc_med, "ratio": http_med / inproc_med,
             "http_tok_s_runs": http, "inproc_tok_s_runs": inproc}

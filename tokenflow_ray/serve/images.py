@@ -7,8 +7,8 @@ Three layers, so each can be tested alone:
   * `image_routes(get_handle)`: a FastAPI router the ingress includes; JSON + base64 in, OpenAI-shaped errors out.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Serve pickles these routes by value, and FastAPI must resolve the
+# `Request` annotation in the unpickled function's globals, which string annotations would miss.
 import base64
 import binascii
 import io
@@ -83,7 +83,6 @@ class ImageTokenizerService:
     def tokenize(self, data: bytes) -> dict:
         import numpy as np
         import torch
-
         from PIL import Image
 
         img = self._decode_image(data)
@@ -117,7 +116,6 @@ class ImageTokenizerService:
 
     def detokenize(self, indices) -> bytes:
         import torch
-
         from PIL import Image
 
         idx_per_scale = self._indices_to_tensors(indices)

@@ -17,6 +17,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def init_ray(num_cpus: int | None = None) -> bool:
     """Join RAY_ADDRESS if set, else start a local instance; True if this call started Ray."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray starts workers at nice 15 so drivers stay responsive; here a worker is the serving engine and the driver
+    # is the load generator, which must not outrank it (a local raylet reads this when ray.init starts it).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     if ray.is_initialized():

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 class ReplicaSettings:
     central_name: str
     central_namespace: str
-    stream_interval_s: float = 0.02
+    stream_interval_s: float = 0.05
     stats_interval_s: float = 0.5  # stats ride on the report long-poll at most this often
+    torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
 
 
 class LLMServer:
@@ -37,6 +38,10 @@ class LLMServer:
         from tokenflow_ray.engine.llm_engine import LLMEngine  # torch loads here, not in the ingress
 
         self.settings = settings
+        if settings.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
         self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -165,6 +170,14 @@ class LLMServer:
                     "generated": s.reader.generated, "num_device_blocks": len(s.block_ids)}
 
         return await self.aengine.call(read)
+
+    async def runtime_info(self) -> dict:
+        import os
+
+        import torch
+
+        return {"pid": os.getpid(), "torch_threads": torch.get_num_threads(),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
     async def check_integrity(self) -> bool:
         await self.aengine.call(self.engine.check_integrity)

@@ -53,6 +53,10 @@ class SchedulingPolicy(ABC):
         """Largest working set (running + loading + preempted) new streams may be admitted into."""
         return float("inf")
 
+    def hold(self, running: Sequence[Stream], view: SchedulerView) -> set[str]:
+        """Running streams to skip this step (they keep their blocks): compute-side balancing."""
+        return set()
+
     def reserve_tokens(self, running: Sequence[Stream]) -> int:
         """Tokens kept free for running streams' growth when admitting a new stream (memory-aware admission)."""
         return 0
@@ -61,7 +65,7 @@ class SchedulingPolicy(ABC):
         """Optional local search over the greedy device set."""
         return chosen
 
-    def on_preempt(self, stream: Stream, view: SchedulerView) -> None:
+    def on_preempt(self, stream: Stream, view: SchedulerView) -> None:  # noqa: B027 - optional hook
         """Bookkeeping hook (preemption caps)."""
 
 

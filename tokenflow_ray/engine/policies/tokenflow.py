@@ -6,8 +6,9 @@ declared full-length footprint of a stream; W_scheduled = W_static − λ·(W_st
 its current size N towards W_static at a damped rate. It is also capped by capacity: Σ rates must stay under the
 measured decode capacity Γ, otherwise the policy falls back to FCFS with memory-aware admission (§4.3, Eq. 6).
 
-Step 2, buffer balancing: streams are ranked by utility γ·e^(−b/T_critical) + t'/Δt (b: seconds of buffer the
-reader holds, normalised as the paper's notes advise; t': time kept off the device), higher rate breaking ties.
+Step 2, buffer balancing: streams are ranked by utility γ·e^(−b/T_critical) + v·t'/Δt (b: seconds of buffer the
+reader holds, normalised as the paper's notes advise; t': time kept off the device; v: the value of the stream's
+next token, its effective-throughput weight), higher rate breaking ties.
 The greedy device set takes streams in that order while they fit; an adjacent-swap pass then trades a stream for
 a smaller neighbour when that lets one more stream fit without displacing a buffer-critical one. A running
 stream outside the set is paused only if its buffer covers the switch: b ≥ μ·(τ_evict + τ_load + τ_schedule).
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from tokenflow_ray.engine.policies.base import SchedulerView, SchedulingPolicy, arrival_key, waited_s
 from tokenflow_ray.engine.stream import Stream, StreamStatus
+from tokenflow_ray.metrics.stream_metrics import effective_weight
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class TokenFlowConfig:
     gamma: float = 1.0  # γ: weight of the buffer penalty against time kept waiting
     t_critical: float = 1.0  # seconds of buffer under which a stream is critical (stress trigger, penalty scale)
     overload_margin: float = 1.0  # fall back to FCFS when Σ rates > margin × Γ
+    # [extension] While some running stream's next token has value, skip (not preempt) running streams whose next
+    # token has none (buffer past 20% of their length): the step's compute goes where tokens still count.
+    hold_ahead: bool = True
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
@@ -56,12 +61,14 @@ class TokenFlowPolicy(SchedulingPolicy):
 
     # ---- step 2: ranking ----------------------------------------------------------------------------------
     def utility(self, s: Stream, view: SchedulerView) -> float:
+        """γ·e^(−b/T_critical) + v·t'/Δt, where v is the value of the stream's next token: the paper's
+        effective-throughput weight at its current buffer (1 up to 10% of its length, 0 beyond 20%). A stream far
+        ahead of its reader thus earns no credit for waiting until its buffer drains [interpretation of v_i]."""
         c = self.config
         if s.rate == 0:  # unpaced: no buffer to protect; the declared rate is only a hint, so rank as critical
-            penalty = 1.0
-        else:
-            penalty = math.exp(-s.buffer_s(view.now) / c.t_critical)
-        return c.gamma * penalty + waited_s(s, view.now) / c.delta_t
+            return c.gamma + waited_s(s, view.now) / c.delta_t
+        penalty = math.exp(-s.buffer_s(view.now) / c.t_critical)
+        return c.gamma * penalty + self._next_token_value(s, view) * waited_s(s, view.now) / c.delta_t
 
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
         self.overloaded = view.sum_rate > self.config.overload_margin * view.cost.decode_capacity_tok_s(
@@ -79,6 +86,16 @@ class TokenFlowPolicy(SchedulingPolicy):
         if stressed:
             self._last_rebalance = view.now
         return stressed
+
+    def hold(self, running: Sequence[Stream], view: SchedulerView) -> set[str]:
+        if not self.config.hold_ahead or self.overloaded:
+            return set()
+        ahead = {s.stream_id for s in running if s.rate > 0 and s.first_token_time is not None
+                 and s.num_uncomputed_tokens == 1 and self._next_token_value(s, view) == 0.0}
+        return ahead if len(ahead) < len(running) else set()  # never idle the engine
+
+    def _next_token_value(self, s: Stream, view: SchedulerView) -> float:
+        return effective_weight(s.reader.buffer_at(view.now), s.sampling.max_tokens)
 
     def switch_cost_s(self, s: Stream, view: SchedulerView) -> float:
         cost = view.cost

@@ -27,7 +27,7 @@ class ExperimentConfig:
     codebook_size: int = 256  # equal K for every arm (§6: K <= 256 for ~10k images)
     usage_window: int = 8192
     sweep: tuple[float, ...] = (0.3, 3.0)  # extra w values; w = 0 is S, 1 is TF, "infinity" is P
-    threads: int = 2
+    threads: int = 1  # why 1: on the shared, overloaded 2-core box 2-thread ops stall on OpenMP barriers
 
     def __post_init__(self) -> None:
         for name in ("seeds", "steps", "teacher_steps", "copies", "codebook_size", "usage_window", "threads"):

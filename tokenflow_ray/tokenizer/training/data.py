@@ -85,10 +85,17 @@ def read_raw(cfg: DataSettings, path: str):
     """The unprocessed dataset with one `bytes` column (and `path` for folders)."""
     import ray.data
 
+    # File order is shuffled (reseeded every epoch): with a fixed order the same tail rows would be the ones
+    # drop_last discards every epoch, and each worker would always see the same files.
+    shuffle = ray.data.FileShuffleConfig(seed=cfg.seed)
+    # Read tasks default to 1 CPU each; on a 2-CPU node with 2 Train workers (0.5 each) and the decode actor that
+    # never fits and fit() hangs (the deadlock in ray-notes §6.4), so reads get the same fraction as decoding.
     if cfg.source == "images":
         # include_paths adds a string column; the decode stage consumes it so iter_torch_batches never sees it.
-        return ray.data.read_binary_files(path, include_paths=True, file_extensions=IMAGE_EXTENSIONS)
-    ds = ray.data.read_parquet(path, file_extensions=["parquet"]).select_columns([cfg.column])
+        return ray.data.read_binary_files(path, include_paths=True, file_extensions=IMAGE_EXTENSIONS, shuffle=shuffle,
+                                          num_cpus=cfg.map_cpus)
+    ds = ray.data.read_parquet(path, file_extensions=["parquet"], shuffle=shuffle, num_cpus=cfg.map_cpus)
+    ds = ds.select_columns([cfg.column])
     return ds.rename_columns({cfg.column: "bytes"})
 
 

@@ -81,7 +81,12 @@ def ensure_ray() -> None:
 
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address=os.environ.get("RAY_ADDRESS"))
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"])
+        else:
+            # A local instance gets at least 4 logical CPUs: Ray Data's file-listing task asks for a whole CPU, which
+            # never fits beside 2 Train workers and the decode actor on a 2-core box (fit() would hang).
+            ray.init(num_cpus=max(4, os.cpu_count() or 1))
 
 
 def build_trainer(cfg: TrainConfig, dataset, progress=None):

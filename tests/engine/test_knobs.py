@@ -1,0 +1,93 @@
+"""Each remaining config knob changes behaviour (house rule: every knob has a test)."""
+
+import pytest
+
+from tests.engine.factories import make_fake_engine
+from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig
+from tokenflow_ray.engine.policies import AndesConfig, AndesPolicy, TokenFlowConfig
+from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.engine.stream import StreamStatus
+
+
+def test_max_num_seqs_caps_the_batch():
+    engine, _ = make_fake_engine(max_num_seqs=3, max_num_batched_tokens=64)
+    for i in range(6):
+        engine.add_request([i + 1] * 4, SamplingParams(max_tokens=5))
+    engine.step()
+    assert len(engine.scheduler.by_status(StreamStatus.RUNNING)) == 3
+
+
+def test_write_budget_fraction_bounds_write_through_per_step():
+    planned = {}
+    for fraction in (0.01, 4.0):
+        engine, runner = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=128, policy="tokenflow")
+        engine.scheduler.cache = CacheConfig(block_size=4, num_device_blocks=64, num_host_blocks=128,
+                                             write_budget_fraction=fraction)
+        engine.add_request(list(range(1, 60)), SamplingParams(max_tokens=3), rate=5.0)
+        engine.step()  # prefill: 14 full blocks become eligible
+        for _ in range(30):  # measured: 10 ms steps, copies at 100 blocks/s -> one block per step at fraction 1
+            engine.scheduler.cost.observe_step(0.01, 1, 0, 1.0, 100 * engine.scheduler.cost.block_bytes)
+        plan = engine.scheduler.schedule(engine.clock.now())
+        planned[fraction] = len(plan.write_through)
+    assert planned[0.01] == 1 and planned[4.0] == 4
+
+
+def test_default_rate_applies_to_streams_without_one():
+    engine, _ = make_fake_engine()
+    engine.config = EngineConfig(default_rate=12.5)
+    sid = engine.add_request([1, 2], SamplingParams())
+    assert engine.scheduler.streams[sid].rate == 12.5
+    with pytest.raises(ValueError, match="default_rate"):
+        EngineConfig(default_rate=-1.0)
+
+
+def test_record_history_bounds_kept_records():
+    engine, _ = make_fake_engine()
+    engine.finished_records = type(engine.finished_records)(maxlen=2)
+    for i in range(4):
+        engine.add_request([i + 1], SamplingParams(max_tokens=2))
+    while engine.has_unfinished():
+        engine.step()
+    assert len(engine.finished_records) == 2
+
+
+def test_andes_preemption_cap():
+    engine, _ = make_fake_engine(policy="andes")
+    view = engine.scheduler.view(0.0)
+    capped = AndesPolicy(AndesConfig(max_preemptions_per_s=2))
+    stream = type("S", (), {})()
+    assert capped.may_preempt(stream, view)
+    capped.on_preempt(stream, view)
+    capped.on_preempt(stream, view)
+    assert not capped.may_preempt(stream, view)
+    later = engine.scheduler.view(1.5)
+    assert capped.may_preempt(stream, later)  # the window slid past
+
+
+def test_andes_ttft_target_sets_when_a_waiting_stream_starts_losing_qoe():
+    engine, _ = make_fake_engine(policy="andes")
+    sid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20), rate=10.0)
+    stream = engine.scheduler.streams[sid]
+    now = 0.2
+    assert AndesPolicy(AndesConfig(ttft_target_s=0.1)).qoe_gain(stream, now) > 0
+    assert AndesPolicy(AndesConfig(ttft_target_s=5.0)).qoe_gain(stream, now) == 0
+
+
+def test_hold_ahead_skips_streams_whose_next_token_has_no_value():
+    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow")
+    ahead = engine.add_request([1] * 4, SamplingParams(max_tokens=20), rate=0.5)  # reader far behind
+    behind = engine.add_request([2] * 4, SamplingParams(max_tokens=200), rate=50.0)  # reader keeps up
+    for _ in range(12):
+        engine.step()
+        engine.clock.advance(0.05)
+    streams = engine.scheduler.streams
+    running = [streams[ahead], streams[behind]]
+    view = engine.scheduler.view(engine.clock.now())
+    assert engine.scheduler.policy.hold(running, view) == {ahead}
+    engine.scheduler.policy.config = TokenFlowConfig(hold_ahead=False)
+    assert engine.scheduler.policy.hold(running, view) == set()
+
+
+def test_num_threads_knob_is_validated():
+    with pytest.raises(ValueError, match="num_threads"):
+        ModelConfig(num_threads=0)

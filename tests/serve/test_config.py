@@ -1,0 +1,99 @@
+"""ServeConfig, the Serve YAML, the CLI wiring and cluster.yaml (no Ray instance needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.protocol import APIError, CompletionRequest, ConsumptionReport, parse_body
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_config_validates_and_builds_engine_config():
+    cfg = ServeConfig(policy="fcfs", num_device_blocks=64, num_host_blocks=32, max_num_seqs=8, default_rate=4)
+    ec = cfg.engine_config()
+    assert (ec.cache.num_device_blocks, ec.cache.num_host_blocks, ec.scheduler.max_num_seqs) == (64, 32, 8)
+    assert ec.scheduler.policy == "fcfs" and ec.default_rate == 4
+    for bad in ({"policy": "nope"}, {"replicas": 0}, {"default_rate": -1}, {"max_body_bytes": 10},
+                {"api_key": ""}, {"num_device_blocks": 0}):
+        with pytest.raises(ValueError):
+            ServeConfig(**bad)
+    with pytest.raises(ValueError, match="unknown ServeConfig keys"):
+        ServeConfig.from_dict({"modle": "x"})
+
+
+def test_serve_yaml_is_the_cli_config(tmp_path):
+    cfg = ServeConfig.from_yaml(ROOT / "tokenflow_ray/serve/serve.yaml")
+    assert cfg.app_name == "tokenflow" and cfg.policy == "tokenflow" and cfg.num_host_blocks == 2048
+    doc = yaml.safe_load((ROOT / "tokenflow_ray/serve/serve.yaml").read_text())
+    assert doc["applications"][0]["import_path"] == "tokenflow_ray.serve.app:app_builder"
+    assert ServeConfig.from_yaml(ROOT / "tokenflow_ray/serve/serve.yaml", port=9001, replicas=2).port == 9001
+
+
+def test_app_builder_builds_an_application():
+    from ray.serve import Application
+
+    from tokenflow_ray.serve.app import app_builder
+
+    assert isinstance(app_builder({"policy": "fcfs", "images": False}), Application)
+    from tokenflow_ray.serve.config import images_available
+
+    if images_available():  # the image tokenizer's routes and deployment are bound by default once they exist
+        assert ServeConfig().images is True
+        assert isinstance(app_builder({"policy": "fcfs"}), Application)
+
+
+def test_protocol_rejects_bad_values():
+    ok = parse_body(b'{"model": "m", "prompt": ["one"], "consumption_rate": 2}', CompletionRequest)
+    assert ok.prompt == "one" and ok.consumption_rate == 2.0
+    for raw in (b'{"model": "m", "prompt": "x", "consumption_rate": NaN}', b'{"model": "m"}', b"nope",
+                b'{"model": "m", "prompt": "x", "top_p": 0}'):
+        with pytest.raises(APIError) as err:
+            parse_body(raw, CompletionRequest)
+        assert err.value.status == 400
+    assert parse_body(b'{"rate": 3}', ConsumptionReport).rate == 3.0
+    with pytest.raises(APIError):
+        parse_body(b'{"paused": 1}', ConsumptionReport)
+
+
+def test_cli_registers_serve_demo_and_bench_serve():
+    from tokenflow_ray.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model", "embedded", "--replicas", "2", "--policy", "fcfs"])
+    assert args.replicas == 2 and args.policy == "fcfs"
+    assert parser.parse_args(["demo", "--policies", "fcfs", "--streams", "4"]).streams == 4
+    assert parser.parse_args(["bench", "serve", "--json", "x.json"]).streams == 32
+
+
+def test_demo_workload_contends_for_memory_within_decode_capacity():
+    from tokenflow_ray.serve.demo import DemoConfig
+
+    cfg = DemoConfig()
+    sc = cfg.serve_config("fcfs")
+    full_blocks = -(-(len(cfg.prompt(0)) + 2 + cfg.max_tokens) // sc.block_size)
+    assert sc.num_device_blocks < cfg.streams * full_blocks  # only a fraction fits at full length
+    assert cfg.streams * cfg.rate < 250  # Σ rates well under the CPU engine's batched decode rate
+
+
+def test_load_generator_refuses_non_loopback():
+    import asyncio
+
+    from tokenflow_ray.client import StreamSpec, run_load
+
+    with pytest.raises(ValueError, match="loopback"):
+        asyncio.run(run_load("http://example.com", [StreamSpec("x")]))
+
+
+def test_cluster_yaml_validates():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    validate_config(prepare_config(config))
+    types = config["available_node_types"]
+    assert types["head"]["resources"] == {"CPU": 0} and types["gpu_worker"]["max_workers"] >= 1

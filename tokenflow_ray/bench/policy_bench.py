@@ -1,0 +1,172 @@
+"""`tokenflow bench policies`: one seeded workload through the real engine under each policy, on the wall clock.
+
+The regime is the paper's (serving-paper.md §5, Table 1 scaled down): the device KV pool holds only `kv_fraction`
+of the burst's streams at full length (SGLang's mem-frac 0.3 pressure) while Σ declared rates stay within decode
+capacity, so the contest is over who runs when. Requests arrive at their workload times; readers are the engine's
+own reader model at each stream's declared rate; every figure comes from `tokenflow_ray.metrics.summarize` over
+the engine's stream records, the same definitions the server and the simulator use.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+from tokenflow_ray.bench.workloads import LengthDist, RequestSpec, WorkloadSpec, make_requests, table1_lengths
+from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenflow_ray.engine.llm_engine import LLMEngine
+from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
+from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.metrics import summarize
+
+ABLATIONS = {  # the paper's Table 2 columns, as cache-config changes to the full tokenflow setup
+    "tokenflow": {},
+    "no_offload": {"num_host_blocks": 0},  # recompute only
+    "no_write_through": {"write_through": False},  # write on preempt
+    "no_overlap": {"overlap_copies": False},  # copies block the model step
+}
+
+
+@dataclass(frozen=True)
+class PolicyBenchConfig:
+    workload: str = "burst"  # burst | poisson | gamma | mixed
+    num_requests: int = 32
+    rate: float = 20.0  # tokens/s per reader (mixed: 40% at 15, 60% at 20)
+    arrival_rate: float = 4.0  # poisson / gamma: requests per second
+    length_scale: float = 1 / 8  # Table 1 SL (512 in / 1024 out) scaled: 64 in / 128 out on average
+    kv_fraction: float = 0.3  # device pool = this share of the workload's full-length KV
+    host_factor: float = 4.0  # host spill store = this many times the device pool
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 256
+    policies: tuple[str, ...] = POLICY_NAMES
+    tokenflow: TokenFlowConfig = field(default_factory=lambda: TokenFlowConfig(delta_t=0.2, mu=2.0, t_critical=1.0))
+    model: str = "embedded"
+    seed: int = 0
+    sample_every_s: float = 0.1
+    max_run_s: float = 600.0  # a run still going after this long is stopped with an error
+    num_threads: int = 1  # torch intra-op threads: the copy thread needs the other core (see ModelConfig)
+
+    def __post_init__(self) -> None:
+        if self.workload not in ("burst", "poisson", "gamma", "mixed"):
+            raise ValueError(f"workload: expected burst, poisson, gamma or mixed, got {self.workload!r}")
+        if unknown := set(self.policies) - set(POLICY_NAMES):
+            raise ValueError(f"policies: unknown {sorted(unknown)}; choose from {', '.join(POLICY_NAMES)}")
+        if not 0 < self.kv_fraction <= 1 or self.host_factor < 0 or self.num_requests <= 0:
+            raise ValueError("kv_fraction must be in (0, 1], host_factor >= 0, num_requests > 0")
+
+    def workload_spec(self) -> WorkloadSpec:
+        prompt, output = table1_lengths("SL")
+        return WorkloadSpec(self.workload, self.num_requests, seed=self.seed, rate=self.rate,
+                            arrival_rate=self.arrival_rate, length_scale=self.length_scale,
+                            prompt=replace(prompt, min_len=8), output=LengthDist(output.mean, output.std, min_len=16))
+
+
+@dataclass
+class RunTrace:
+    """Counts over time, for the plots."""
+
+    t: list[float] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+
+def pool_sizes(cfg: PolicyBenchConfig, requests: list[RequestSpec]) -> tuple[int, int]:
+    full = sum(-(-(r.prompt_len + r.output_len) // cfg.block_size) for r in requests)
+    device = max(int(cfg.kv_fraction * full), max(-(-(r.prompt_len + 1) // cfg.block_size) for r in requests) + 1)
+    return device, int(cfg.host_factor * device)
+
+
+def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
+               cache_overrides: dict | None = None) -> tuple[dict, RunTrace, list]:
+    device_blocks, host_blocks = pool_sizes(cfg, requests)
+    cache = CacheConfig(block_size=cfg.block_size, num_device_blocks=device_blocks, num_host_blocks=host_blocks)
+    cache = replace(cache, **(cache_overrides or {}))
+    engine = LLMEngine.from_config(EngineConfig(
+        model=ModelConfig(model=cfg.model, dtype="float32", num_threads=cfg.num_threads), cache=cache,
+        scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                  policy=policy, tokenflow=cfg.tokenflow),
+        record_history=len(requests)))
+    rng = random.Random(cfg.seed)
+    prompts = [[rng.randrange(256) for _ in range(r.prompt_len)] for r in requests]
+    engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, not recorded
+    engine.finished_records.clear()
+    trace = RunTrace()
+    pending = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    start = engine.clock.now()
+    next_sample = 0.0
+    while pending or engine.has_unfinished():
+        now = engine.clock.now() - start
+        while pending and requests[pending[0]].arrival_s <= now:
+            r = requests[pending.pop(0)]
+            engine.add_request(prompts[r.index], SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+                               stream_id=f"req-{r.index}", arrival_time=start + r.arrival_s, rate=r.rate)
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, min(0.05, requests[pending[0]].arrival_s - now)))
+            continue
+        if now > cfg.max_run_s:
+            raise RuntimeError(f"{policy}: run exceeded max_run_s={cfg.max_run_s}; {len(pending)} requests not "
+                               f"yet arrived, {engine.scheduler.num_unfinished} unfinished")
+        engine.step()
+        if now >= next_sample:
+            st = engine.stats()
+            trace.t.append(now)
+            trace.running.append(st.num_running)
+            trace.preempted.append(st.num_preempted)
+            trace.waiting.append(st.num_waiting)
+            next_sample = now + cfg.sample_every_s
+    records = list(engine.finished_records)
+    sched = engine.scheduler
+    summary = summarize(records, bytes_to_host=sched.bytes_to_host, bytes_from_host=sched.bytes_from_host).to_dict()
+    costs = sched.preempt_costs_s
+    summary.update(completion_s=max(max(r.token_times) for r in records if r.token_times) - start,
+                   preempt_cost_mean_s=statistics.mean(costs) if costs else 0.0, swap_preemptions=len(costs),
+                   device_blocks=device_blocks, host_blocks=cache.num_host_blocks)
+    if engine.runner.transfer is not None:
+        engine.runner.transfer.close()
+    return summary, trace, records
+
+
+def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
+                     progress: Callable[[str], None] = print) -> tuple[dict, dict]:
+    requests = make_requests(cfg.workload_spec())
+    device_blocks, host_blocks = pool_sizes(cfg, requests)
+    progress(f"{cfg.workload}: {len(requests)} requests, Σrate {sum(r.rate for r in requests):.0f} tok/s, "
+             f"KV pool {device_blocks} blocks of {cfg.block_size} (host {host_blocks})")
+    results: dict[str, dict] = {}
+    artifacts: dict[str, tuple[RunTrace, list]] = {}
+    for policy in cfg.policies:
+        summary, trace, records = run_policy(cfg, policy, requests)
+        results[policy] = summary
+        artifacts[policy] = (trace, records)
+        progress(_row(policy, summary))
+    out: dict = {"workload": {**asdict(cfg.workload_spec()), "num_requests": len(requests)},
+                 "config": asdict(cfg), "policies": results}
+    if "tokenflow" in results and "fcfs" in results:
+        tf, fc = results["tokenflow"], results["fcfs"]
+        out["tokenflow_vs_fcfs"] = {"effective_tput": tf["effective_tput"] / fc["effective_tput"],
+                                    "ttft_p99": tf["ttft_p99_s"] / fc["ttft_p99_s"],
+                                    "raw_tput": tf["raw_tput"] / fc["raw_tput"]}
+        if "andes" in results:
+            out["tokenflow_vs_andes"] = {"effective_tput": tf["effective_tput"] / results["andes"]["effective_tput"]}
+    if ablation:
+        table = {}
+        for name, overrides in ABLATIONS.items():
+            summary = results["tokenflow"] if name == "tokenflow" and "tokenflow" in results else \
+                run_policy(cfg, "tokenflow", requests, overrides)[0]
+            table[name] = summary
+            progress(_row(name, summary) + f" | preempt cost {summary['preempt_cost_mean_s'] * 1e3:.2f} ms")
+        out["ablation"] = table
+        wt, wop = table["tokenflow"]["preempt_cost_mean_s"], table["no_write_through"]["preempt_cost_mean_s"]
+        out["write_through_preempt_cost_ratio"] = wop / wt if wt > 0 else None
+    return out, artifacts
+
+
+def _row(name: str, s: dict) -> str:
+    return (f"{name:>17}: TTFT p50 {s['ttft_p50_s']:6.2f}s p99 {s['ttft_p99_s']:6.2f}s | effective {s['effective_tput']:7.1f}"
+            f" raw {s['raw_tput']:7.1f} tok/s | stall {s['stall_s']:7.1f}s | preemptions {s['preemptions']:4d}"
+            f" | done {s['completion_s']:5.1f}s")

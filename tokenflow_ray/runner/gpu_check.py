@@ -1,0 +1,127 @@
+"""Device checks for a CUDA machine (not run in CI): paged attention parity, copy/compute overlap, 8B step time.
+
+`python jobs/gpu_check.py --json out.json` runs all three; each function is also usable from tests.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+
+
+def _random_paged_batch(device: torch.device, dtype: torch.dtype, block_size: int = 256, heads: int = 32,
+                        kv_heads: int = 8, head_dim: int = 128, decodes: int = 8, chunk: int = 64, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    blocks = 64
+    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim, generator=g).to(device, dtype)
+    v_cache = torch.randn(blocks, block_size, kv_heads, head_dim, generator=g).to(device, dtype)
+    perm = torch.randperm(blocks, generator=g)
+    lens = [int(x) for x in torch.randint(1, 3 * block_size, (decodes,), generator=g)]
+    width = max(-(-n // block_size) for n in lens)
+    tables = torch.stack([perm[i * width:(i + 1) * width] for i in range(decodes)]).to(device)
+    prefill_table = perm[decodes * width:decodes * width + 2].to(device)
+    start_pos = block_size - chunk // 2  # the chunk continues a context already in the pool
+    T = decodes + chunk
+    slots = [int(tables[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size for i, n in enumerate(lens)]
+    slots += [int(prefill_table[p // block_size]) * block_size + p % block_size
+              for p in range(start_pos, start_pos + chunk)]
+    q = torch.randn(T, heads, head_dim, generator=g).to(device, dtype)
+    k = torch.randn(T, kv_heads, head_dim, generator=g).to(device, dtype)
+    v = torch.randn(T, kv_heads, head_dim, generator=g).to(device, dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    mask = (torch.arange(width * block_size, device=device)[None, :] < lens_t[:, None]).view(decodes, 1, 1, -1)
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots, device=device), num_decodes=decodes,
+                             decode_block_tables=tables, decode_seq_lens=lens_t, decode_mask=mask,
+                             prefills=[PrefillSpan(decodes, T, start_pos, prefill_table)], scale=head_dim ** -0.5)
+    return q, k, v, k_cache, v_cache, meta
+
+
+def paged_attention_parity(backend_a, backend_b, device: str = "cuda", dtype=torch.bfloat16) -> float:
+    """Max abs difference between two backends on the same paged batch (decodes + a continued prefill chunk)."""
+    dev = torch.device(device)
+    q, k, v, kc, vc, meta = _random_paged_batch(dev, dtype)
+    meta_b = AttentionMetadata(**{**meta.__dict__, "decode_block_tables": meta.decode_block_tables.int(),
+                                  "prefills": [PrefillSpan(p.start, p.end, p.start_pos, p.block_table.int())
+                                               for p in meta.prefills]})
+    out_a = backend_a.forward(q, k, v, kc.clone(), vc.clone(), meta_b if backend_a.name == "flash" else meta)
+    out_b = backend_b.forward(q, k, v, kc.clone(), vc.clone(), meta_b if backend_b.name == "flash" else meta)
+    return float((out_a.float() - out_b.float()).abs().max())
+
+
+def copy_overlap(device: str = "cuda", blocks: int = 512, block_mb: float = 2.0) -> dict:
+    """Time a matmul loop alone, host->device copies alone, and both together on separate streams."""
+    dev = torch.device(device)
+    host = torch.empty(blocks, int(block_mb * 2 ** 20 / 2), dtype=torch.bfloat16, pin_memory=True)
+    dst = torch.empty_like(host, device=dev)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    side = torch.cuda.Stream(device=dev)
+
+    def compute() -> None:
+        for _ in range(20):
+            a @ a
+
+    def copy() -> None:
+        with torch.cuda.stream(side):
+            dst.copy_(host, non_blocking=True)
+
+    def timed(fn) -> float:
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t
+
+    compute(), copy()
+    t_compute, t_copy = timed(compute), timed(copy)
+    t_both = timed(lambda: (copy(), compute()))
+    return {"compute_s": t_compute, "copy_s": t_copy, "both_s": t_both,
+            "overlap_fraction": (t_compute + t_copy - t_both) / min(t_compute, t_copy),
+            "copy_gb_s": host.numel() * 2 / t_copy / 1e9}
+
+
+def llama8b_step_time(device: str = "cuda", batch: int = 32, context: int = 1024, backend: str = "auto") -> dict:
+    """Decode step time of a Llama-3-8B-shaped model with random weights, through our runner's model code."""
+    from transformers import LlamaConfig
+
+    from tokenflow_ray.models.llama import LlamaForPagedLM
+    from tokenflow_ray.runner.attention import select_backend
+
+    dev = torch.device(device)
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                      rope_theta=500000.0)
+    with torch.device("meta"):
+        model = LlamaForPagedLM(cfg)
+    model = model.to_empty(device=dev).to(torch.bfloat16)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    model.build_rope_tables(8192, dev)
+    block = 256
+    nblocks = batch * (-(-context // block)) + 1
+    kv = torch.zeros(32, 2, nblocks, block, 8, 128, dtype=torch.bfloat16, device=dev)
+    attn = select_backend(dev, block, backend)
+    width = -(-context // block)
+    tables = torch.arange(batch * width, device=dev).view(batch, width)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
+    slots = tables[:, -1] * block + (context - 1) % block
+    mask = (torch.arange(width * block, device=dev)[None, :] < lens[:, None]).view(batch, 1, 1, -1)
+    meta = AttentionMetadata(slot_mapping=slots.long(), num_decodes=batch,
+                             decode_block_tables=tables.int() if attn.name == "flash" else tables,
+                             decode_seq_lens=lens, decode_mask=mask if attn.name == "sdpa" else None, prefills=[],
+                             scale=128 ** -0.5)
+    ids = torch.randint(0, 128256, (batch,), device=dev)
+    pos = torch.full((batch,), context - 1, device=dev)
+    with torch.inference_mode():
+        for _ in range(3):
+            model.compute_logits(model(ids, pos, kv, meta, attn))
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        for _ in range(10):
+            model.compute_logits(model(ids, pos, kv, meta, attn))
+        torch.cuda.synchronize(dev)
+    step = (time.perf_counter() - t) / 10
+    return {"backend": attn.name, "batch": batch, "context": context, "step_ms": step * 1e3,
+            "tok_s": batch / step}

@@ -1,0 +1,69 @@
+"""`tokenflow serve` and `tokenflow demo`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ray import serve
+
+    from tokenflow_ray.serve.app import deploy
+    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.local import init_ray
+
+    overrides = {"model": args.model, "replicas": args.replicas, "policy": args.policy, "host": args.host,
+                 "port": args.port, "api_key": args.api_key}
+    if args.config:
+        config = ServeConfig.from_yaml(args.config, **overrides)
+    else:
+        config = ServeConfig(**{k: v for k, v in overrides.items() if v is not None})
+    init_ray()
+    serve.start(http_options={"host": config.host, "port": config.port})
+    deploy(config)
+    print(f"serving {config.model!r} ({config.replicas} replica(s), policy {config.policy}) at "
+          f"http://{config.host}:{config.port}{config.route_prefix.rstrip('/')}/v1  (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.serve.demo import demo_config, print_table, run_demo
+    from tokenflow_ray.serve.plots import write_plots
+
+    cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate)
+    report, runs = run_demo(cfg)
+    print_table(report)
+    if args.plots:
+        for path in write_plots(runs, args.plots):
+            print(f"wrote {path}")
+    write_json(args.json, report)
+    print(f"demo wall time {report['wall_s']:.0f} s")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="deploy the OpenAI-compatible app on local Ray (or RAY_ADDRESS)")
+    p.add_argument("--model", help="local HF model directory, hub id, or 'embedded' (default)")
+    p.add_argument("--replicas", type=int)
+    p.add_argument("--policy", help="scheduling policy: tokenflow, andes or fcfs")
+    p.add_argument("--config", metavar="serve.yaml", help="a Serve config YAML (also valid for `serve run`)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.set_defaults(handler=_serve)
+
+    d = sub.add_parser("demo", help="a burst of paced streaming clients over HTTP under each policy, compared")
+    d.add_argument("--policies", default="tokenflow,fcfs", help="comma-separated policy names")
+    d.add_argument("--streams", type=int, help="streams in the burst (default 48)")
+    d.add_argument("--max-tokens", type=int, help="tokens per stream (default 96)")
+    d.add_argument("--rate", type=float, help="each reader's consumption rate, tokens/s (default 4)")
+    d.add_argument("--plots", default="out/demo", metavar="DIR", help="where the PNG plots go")
+    d.add_argument("--json", metavar="PATH")
+    d.set_defaults(handler=_demo)
