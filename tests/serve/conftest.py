@@ -1,20 +1,12 @@
-"""One Ray instance and one Serve app per test session (a Serve cycle costs 10-20 s; ray-notes §6.6)."""
+"""One Serve app per test session on the session-wide Ray and Serve of tests/conftest.py."""
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 
 import pytest
 
 API_KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -34,20 +26,8 @@ class ServedApp:
 
 
 @pytest.fixture(scope="session")
-def ray_serve():
-    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    import ray
-    from ray import serve
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, namespace=f"t{os.getpid()}", log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    if started:
-        ray.shutdown()
+def ray_serve(serve_url) -> str:
+    return serve_url
 
 
 @pytest.fixture(scope="session")

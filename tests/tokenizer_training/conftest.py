@@ -1,5 +1,4 @@
 import os
-import socket
 import warnings
 
 import pytest
@@ -9,25 +8,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
-def ray_session():
-    """One Ray instance per pytest session; shut down only if this fixture started it."""
-    import ray
-
-    started = False
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, namespace=f"tftrain{os.getpid()}",
-                 object_store_memory=200 << 20, log_to_driver=False)
-        started = True
-    yield ray
-    if started:
-        ray.shutdown()
+def ray_session(ray_instance):
+    """The session-wide Ray instance (tests/conftest.py)."""
+    return ray_instance
 
 
 @pytest.fixture(scope="session")

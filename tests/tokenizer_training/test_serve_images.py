@@ -38,14 +38,12 @@ def test_service_round_trip_and_errors(service):
 
 @pytest.mark.ray
 @pytest.mark.timeout(180)
-def test_http_round_trip_and_4xx(ray_session):
+def test_http_round_trip_and_4xx(serve_url):
     import httpx
     from fastapi import FastAPI
     from ray import serve
 
     from tokenflow_ray.serve.images import ImageTokenizerDeployment, image_routes
-
-    from .conftest import free_port
 
     app_name = "tftrain-images"
     api = FastAPI()
@@ -57,13 +55,11 @@ def test_http_round_trip_and_4xx(ray_session):
         def __init__(self, images) -> None:
             self.images = images  # keeps the tokenizer deployment in this app
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     images = ImageTokenizerDeployment.options(ray_actor_options={"num_cpus": 0.1}).bind(
         limits=ImageLimits(max_bytes=64 << 10, max_pixels=128 * 128))
     serve.run(Front.bind(images), name=app_name, route_prefix="/tftrain")
     try:
-        base = f"http://127.0.0.1:{port}/tftrain/v1/images"
+        base = f"{serve_url}/tftrain/v1/images"
         with httpx.Client(timeout=60) as client:
             r = client.post(f"{base}/tokenize", json={"image": base64.b64encode(png_bytes()).decode()})
             assert r.status_code == 200, r.text

@@ -22,12 +22,7 @@ def _require(ok: bool, message: str) -> None:
 
 
 def default_policy() -> str:
-    """tokenflow where it is registered, else fcfs (the scheduling policies land in their own issue)."""
-    try:
-        make_policy("tokenflow")
-        return "tokenflow"
-    except ValueError:
-        return "fcfs"
+    return "tokenflow"
 
 
 def images_available() -> bool:
@@ -45,7 +40,7 @@ class ServeConfig:
     policy: str = ""  # "": default_policy()
     block_size: int = 16
     num_device_blocks: int = 1024  # device KV pool per replica, in blocks
-    num_host_blocks: int = 0  # CPU spill store per replica, in blocks
+    num_host_blocks: int = 4096  # CPU spill store per replica, in blocks (host memory is the cheap tier)
     max_num_seqs: int = 64  # engine batch cap; also the replica's Serve max_ongoing_requests
     max_num_batched_tokens: int = 512
     default_rate: float = 0.0  # consumption rate of requests without `consumption_rate` (tokens/s; 0: unpaced)
