@@ -74,7 +74,8 @@ def test_andes_ttft_target_sets_when_a_waiting_stream_starts_losing_qoe():
 
 
 def test_hold_ahead_skips_streams_whose_next_token_has_no_value():
-    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow")
+    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow",
+                                 tokenflow=TokenFlowConfig(hold_ahead=True))
     ahead = engine.add_request([1] * 4, SamplingParams(max_tokens=20), rate=0.5)  # reader far behind
     behind = engine.add_request([2] * 4, SamplingParams(max_tokens=200), rate=50.0)  # reader keeps up
     for _ in range(12):

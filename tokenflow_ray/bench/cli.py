@@ -40,6 +40,7 @@ def _policies(args: argparse.Namespace) -> int:
 
     cfg = PolicyBenchConfig(workload=args.workload, num_requests=args.requests, rate=args.rate,
                             kv_fraction=args.kv_fraction, length_scale=args.length_scale, seed=args.seed,
+                            repeats=args.repeats,
                             policies=tuple(p for p in args.policies.split(",") if p),
                             tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu))
     out, artifacts = run_policy_bench(cfg, ablation=args.ablation)
@@ -64,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
     p.add_argument("--workload", default="burst", choices=["burst", "poisson", "gamma", "mixed"])
-    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--requests", type=int, default=48)
     p.add_argument("--rate", type=float, default=20.0, help="reader rate, tokens/s")
     p.add_argument("--kv-fraction", type=float, default=0.3, help="device KV pool / the burst's full-length KV")
     p.add_argument("--length-scale", type=float, default=1 / 8, help="scale on the paper's Table 1 lengths")
@@ -72,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delta-t", type=float, default=0.2, help="tokenflow: seconds between working-set decisions")
     p.add_argument("--mu", type=float, default=2.0, help="tokenflow: buffer conservativeness")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="median over this many runs")
     p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", metavar="DIR")

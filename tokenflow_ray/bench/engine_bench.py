@@ -123,8 +123,7 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
         if cfg.generate_batch:
             runs["hf_generate_batch_tok_s"] = lambda n, p=prompts: systems.hf_generate_batch(p, n)
         row: dict = _decode_tok_s(runs, batch, cfg.new_tokens, cfg.repeats)
-        runner = systems.engine.runner
-        roof = model_roofline(runner.model, cfg.prompt_len + cfg.new_tokens // 2, runner.dtype)
+        roof = model_roofline(systems.hf, cfg.prompt_len + cfg.new_tokens // 2, systems.engine.runner.dtype)
         row["roofline_tok_s"] = roof.tok_s(batch)
         row["ours_vs_hf_generate"] = row["ours_tok_s"] / row["hf_generate_tok_s"]
         if "hf_generate_batch_tok_s" in row:

@@ -33,7 +33,7 @@ ABLATIONS = {  # the paper's Table 2 columns, as cache-config changes to the ful
 @dataclass(frozen=True)
 class PolicyBenchConfig:
     workload: str = "burst"  # burst | poisson | gamma | mixed
-    num_requests: int = 32
+    num_requests: int = 48  # x 20 tok/s = 960 tok/s: about this box's decode capacity at this pool size
     rate: float = 20.0  # tokens/s per reader (mixed: 40% at 15, 60% at 20)
     arrival_rate: float = 4.0  # poisson / gamma: requests per second
     length_scale: float = 1 / 8  # Table 1 SL (512 in / 1024 out) scaled: 64 in / 128 out on average
@@ -49,6 +49,7 @@ class PolicyBenchConfig:
     sample_every_s: float = 0.1
     max_run_s: float = 600.0  # a run still going after this long is stopped with an error
     num_threads: int = 1  # torch intra-op threads: the copy thread needs the other core (see ModelConfig)
+    repeats: int = 3  # each figure is the median over this many runs (policies take turns within a repeat)
 
     def __post_init__(self) -> None:
         if self.workload not in ("burst", "poisson", "gamma", "mixed"):
@@ -122,9 +123,10 @@ def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
     records = list(engine.finished_records)
     sched = engine.scheduler
     summary = summarize(records, bytes_to_host=sched.bytes_to_host, bytes_from_host=sched.bytes_from_host).to_dict()
-    costs = sched.preempt_costs_s
+    costs, tails = sched.preempt_costs_s, sched.preempt_tail_s
     summary.update(completion_s=max(max(r.token_times) for r in records if r.token_times) - start,
                    preempt_cost_mean_s=statistics.mean(costs) if costs else 0.0, swap_preemptions=len(costs),
+                   preempt_tail_mean_s=statistics.mean(tails) if tails else 0.0,
                    device_blocks=device_blocks, host_blocks=cache.num_host_blocks)
     if engine.runner.transfer is not None:
         engine.runner.transfer.close()
@@ -137,15 +139,17 @@ def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
     device_blocks, host_blocks = pool_sizes(cfg, requests)
     progress(f"{cfg.workload}: {len(requests)} requests, Σrate {sum(r.rate for r in requests):.0f} tok/s, "
              f"KV pool {device_blocks} blocks of {cfg.block_size} (host {host_blocks})")
-    results: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {p: [] for p in cfg.policies}
     artifacts: dict[str, tuple[RunTrace, list]] = {}
-    for policy in cfg.policies:
-        summary, trace, records = run_policy(cfg, policy, requests)
-        results[policy] = summary
-        artifacts[policy] = (trace, records)
-        progress(_row(policy, summary))
+    for repeat in range(cfg.repeats):
+        for policy in cfg.policies:
+            summary, trace, records = run_policy(cfg, policy, requests)
+            runs[policy].append(summary)
+            artifacts[policy] = (trace, records)  # plots show the last repeat
+            progress(f"[{repeat + 1}/{cfg.repeats}] " + _row(policy, summary))
+    results = {p: _median(r) for p, r in runs.items()}
     out: dict = {"workload": {**asdict(cfg.workload_spec()), "num_requests": len(requests)},
-                 "config": asdict(cfg), "policies": results}
+                 "config": asdict(cfg), "policies": results, "runs": runs}
     if "tokenflow" in results and "fcfs" in results:
         tf, fc = results["tokenflow"], results["fcfs"]
         out["tokenflow_vs_fcfs"] = {"effective_tput": tf["effective_tput"] / fc["effective_tput"],
@@ -156,14 +160,26 @@ def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
     if ablation:
         table = {}
         for name, overrides in ABLATIONS.items():
-            summary = results["tokenflow"] if name == "tokenflow" and "tokenflow" in results else \
-                run_policy(cfg, "tokenflow", requests, overrides)[0]
-            table[name] = summary
-            progress(_row(name, summary) + f" | preempt cost {summary['preempt_cost_mean_s'] * 1e3:.2f} ms")
+            if name == "tokenflow" and "tokenflow" in results:
+                table[name] = results["tokenflow"]
+            else:
+                table[name] = _median([run_policy(cfg, "tokenflow", requests, overrides)[0]
+                                       for _ in range(cfg.repeats)])
+            progress(_row(name, table[name]) + f" | preempt cost {table[name]['preempt_cost_mean_s'] * 1e3:.3f} ms")
         out["ablation"] = table
         wt, wop = table["tokenflow"]["preempt_cost_mean_s"], table["no_write_through"]["preempt_cost_mean_s"]
         out["write_through_preempt_cost_ratio"] = wop / wt if wt > 0 else None
     return out, artifacts
+
+
+def _median(runs: list[dict]) -> dict:
+    """Per-metric median over repeated runs (numbers only; None where a metric is undefined)."""
+    keys = runs[0].keys()
+    out = {}
+    for k in keys:
+        values = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+        out[k] = statistics.median(values) if values else None
+    return out
 
 
 def _row(name: str, s: dict) -> str:

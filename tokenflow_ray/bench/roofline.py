@@ -47,12 +47,14 @@ def measure_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.float32, re
     return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
-def model_roofline(model: torch.nn.Module, context_len: int, dtype: torch.dtype) -> Roofline:
-    """FLOPs per decoded token: 2 per weight in the linear layers plus attention over context_len tokens."""
-    embed = model.embed.weight
-    linear = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and p is not embed)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
-    c = model.config
-    attn = 4 * c.num_hidden_layers * c.num_attention_heads * model.head_dim * context_len
+def model_roofline(hf_model: torch.nn.Module, context_len: int, dtype: torch.dtype) -> Roofline:
+    """From the HF model of the same checkpoint (plain parameters): FLOPs per decoded token are 2 per weight in
+    the linear layers plus attention over context_len tokens; bytes are every weight but the embedding table."""
+    embed = hf_model.get_input_embeddings().weight
+    linear = sum(p.numel() for p in hf_model.parameters() if p.dim() == 2 and p is not embed)
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf_model.parameters() if p is not embed)
+    c = hf_model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    attn = 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * context_len
     return Roofline(copy_gb_s=measure_copy_gb_s(), matmul_gflop_s=measure_matmul_gflop_s(dtype=dtype),
                     weight_bytes=weight_bytes, flops_per_token=2 * linear + attn)

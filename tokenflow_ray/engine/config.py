@@ -25,6 +25,7 @@ class ModelConfig:
     # torch intra-op threads (process-wide). None: torch's default. On a small shared CPU box 1 is the safe
     # choice beside a copy thread: OpenMP teams of 2 stall at barriers whenever another thread takes a core.
     num_threads: int | None = None
+    cpu_prepack: bool = True  # fp32 on CPU: pack linear weights for oneDNN once (faster decode GEMMs)
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model: must name a local directory, a hub id or 'embedded'")

@@ -61,16 +61,19 @@ class KVManager:
         stream.num_host_tokens = 0
 
     # ---- preempt / resume -------------------------------------------------------------------------------------
-    def swap_out(self, stream: Stream) -> bool:
-        """Preempt to the host: copy the unsynced tail, free the rest now. False (nothing changed) if no room."""
+    def swap_out(self, stream: Stream) -> tuple[int, int] | None:
+        """Preempt to the host: copy the unsynced tail, free the rest now.
+
+        Returns (blocks freed at once, tail blocks freed after their copy), or None (nothing changed) if no room.
+        """
         if self.host is None:
-            return False
+            return None
         computed = stream.num_computed_tokens
         first_tail = stream.num_host_tokens // self.block_size  # host block that is partial or missing
         num_blocks = self.device.blocks_for_tokens(computed)
         missing = num_blocks - len(stream.host_block_ids)
         if missing > 0 and not self.host.can_allocate(missing):
-            return False
+            return None
         if missing > 0:
             stream.host_block_ids.extend(self.host.allocate(missing))
         for i in range(first_tail, num_blocks):
@@ -78,10 +81,11 @@ class KVManager:
         self.device.free(stream.block_ids[:first_tail])  # mirrored already: free at once
         self.pending_free.extend(stream.block_ids[first_tail:])  # read by this step's copy
         # Host blocks past the computed prefix (from an earlier, longer stay) stay allocated for reuse.
+        freed_now, tail = first_tail, len(stream.block_ids) - first_tail
         stream.block_ids = []
         stream.num_host_tokens = computed
         stream.num_computed_tokens = 0
-        return True
+        return freed_now, tail
 
     def start_load(self, stream: Stream) -> bool:
         """Allocate device blocks and plan host -> device copies of the stream's host prefix."""

@@ -40,7 +40,11 @@ class Scheduler:
         self.kv = KVManager(block_pool, host)
         self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size)
         self.streams: dict[str, Stream] = {}  # live (unfinished) streams
-        self.preempt_costs_s: list[float] = []  # per swap-out preemption: decision -> tail freed (0: nothing owed)
+        # Preemption cost (decision -> device blocks free), per block of each swap-out preemption: mirrored blocks
+        # are free at the decision (0); tail blocks when their copy to the host is done (StepResult.swap_out_s).
+        self.preempt_costs_s: list[float] = []  # per preemption: block-weighted mean time to free its blocks
+        self.preempt_tail_s: list[float] = []  # per preemption: time until its last block was free
+        self._swap_blocks: dict[str, tuple[int, int]] = {}  # stream -> (freed at once, tail) for this plan
         self.bytes_to_host = 0
         self.bytes_from_host = 0
         self._finished_since_plan: list[str] = []
@@ -256,11 +260,13 @@ class Scheduler:
             if stream is not None and stream.status == StreamStatus.LOADING:
                 self.kv.finish_load(stream)
                 stream.status = StreamStatus.RUNNING
-        tails = {c.stream_id for c in plan.swap_out}
+        swaps, self._swap_blocks = self._swap_blocks, {}
         for sid in plan.preempted:
-            stream = self.streams.get(sid)
-            if stream is not None and stream.status == StreamStatus.PREEMPTED:
-                self.preempt_costs_s.append(result.swap_out_s if sid in tails else 0.0)
+            if sid in swaps:
+                now_blocks, tail = swaps[sid]
+                tail_s = result.swap_out_s if tail else 0.0
+                self.preempt_tail_s.append(tail_s)
+                self.preempt_costs_s.append(tail_s * tail / max(1, now_blocks + tail))
         self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
         self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
         self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
@@ -303,7 +309,9 @@ class Scheduler:
                               sample=start + n == stream.num_tokens)
 
     def _preempt(self, stream: Stream, view: SchedulerView) -> None:
-        if self.policy.uses_host_store and self.kv.swap_out(stream):
+        swapped = self.kv.swap_out(stream) if self.policy.uses_host_store else None
+        if swapped is not None:
+            self._swap_blocks[stream.stream_id] = swapped
             stream.status = StreamStatus.PREEMPTED
         else:  # recompute: everything computed so far is computed again later
             stream.num_recomputed_tokens += stream.num_computed_tokens

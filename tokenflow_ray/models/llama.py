@@ -100,6 +100,15 @@ class LlamaForPagedLM(nn.Module):
             x_TH = layer(x_TH, cos_TD, sin_TD, kv_caches[i], attn, backend)
         return F.rms_norm(x_TH, x_TH.shape[-1:], self.norm, self.config.rms_norm_eps)
 
+    def prepack_for_cpu(self) -> None:
+        """Swap the linear layers for oneDNN ones with weights packed once in its blocked layout: ~1.4x faster
+        GEMMs at decode batch sizes on x86 CPUs (see the engine benchmark). fp32 on CPU only."""
+        from torch.utils import mkldnn
+
+        for layer in self.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                setattr(layer, name, mkldnn.to_mkldnn(getattr(layer, name)))
+
     def compute_logits(self, hidden_SH: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_SH).float()
 

@@ -65,8 +65,8 @@ class SdpaPagedAttention:
         D = meta.num_decodes
         if D:
             q_DKGD = q_THD[:D].view(D, kvh, H // kvh, Dh)
-            k_DKLD = k_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
-            v_DKLD = v_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+            k_DKLD = _gather(k_cache, meta.decode_block_tables).transpose(1, 2)
+            v_DKLD = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
             o = F.scaled_dot_product_attention(q_DKGD, k_DKLD, v_DKLD, attn_mask=meta.decode_mask, scale=meta.scale)
             out_THD[:D] = o.reshape(D, H, Dh)
         for span in meta.prefills:
@@ -76,8 +76,8 @@ class SdpaPagedAttention:
             if span.start_pos == 0:  # whole context is this chunk: use it directly, plain causal mask
                 k_ctx, v_ctx, mask, causal = k_THD[span.start:span.end], v_THD[span.start:span.end], None, True
             else:
-                k_ctx = k_cache[span.block_table].flatten(0, 1)[:ctx]
-                v_ctx = v_cache[span.block_table].flatten(0, 1)[:ctx]
+                k_ctx = k_cache.index_select(0, span.block_table).flatten(0, 1)[:ctx]
+                v_ctx = v_cache.index_select(0, span.block_table).flatten(0, 1)[:ctx]
                 rows = torch.arange(span.start_pos, ctx, device=q_THD.device)
                 mask = torch.arange(ctx, device=q_THD.device)[None, :] <= rows[:, None]
                 causal = False
@@ -86,6 +86,13 @@ class SdpaPagedAttention:
                                                is_causal=causal, scale=meta.scale, enable_gqa=True)
             out_THD[span.start:span.end] = o[0].transpose(0, 1)
         return out_THD.view(T, H * Dh)
+
+
+def _gather(cache: torch.Tensor, tables_DB: torch.Tensor) -> torch.Tensor:
+    """[D, blocks * block_size, kv_heads, head_dim] from a block table. index_select on the flattened table is
+    about 3x faster on CPU than advanced indexing (a contiguous row copy instead of the generic index kernel)."""
+    D, B = tables_DB.shape
+    return cache.index_select(0, tables_DB.reshape(-1)).view(D, B * cache.shape[1], *cache.shape[2:])
 
 
 class FlashPagedAttention:

@@ -52,6 +52,9 @@ class TorchModelRunner:
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_weights(iter_safetensors(self.model_dir))
         self.model = model.eval().requires_grad_(False)
+        if mc.cpu_prepack and self.device.type == "cpu" and self.dtype == torch.float32 and \
+                torch.backends.mkldnn.is_available():
+            self.model.prepack_for_cpu()
         max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
         self.model.build_rope_tables(max_len, self.device)
         self.block_size = cc.block_size

@@ -36,7 +36,7 @@ class TokenFlowConfig:
     overload_margin: float = 1.0  # fall back to FCFS when Σ rates > margin × Γ
     # [extension] While some running stream's next token has value, skip (not preempt) running streams whose next
     # token has none (buffer past 20% of their length): the step's compute goes where tokens still count.
-    hold_ahead: bool = True
+    hold_ahead: bool = False  # measured: off is better on the burst benchmark (docs in README)
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
