@@ -184,5 +184,5 @@ def _median(runs: list[dict]) -> dict:
 
 def _row(name: str, s: dict) -> str:
     return (f"{name:>17}: TTFT p50 {s['ttft_p50_s']:6.2f}s p99 {s['ttft_p99_s']:6.2f}s | effective {s['effective_tput']:7.1f}"
-            f" raw {s['raw_tput']:7.1f} tok/s | stall {s['stall_s']:7.1f}s | preemptions {s['preemptions']:4d}"
+            f" raw {s['raw_tput']:7.1f} tok/s | stall {s['stall_s']:7.1f}s | preemptions {s['preemptions']:4.0f}"
             f" | done {s['completion_s']:5.1f}s")

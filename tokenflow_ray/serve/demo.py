@@ -19,11 +19,11 @@ from tokenflow_ray.serve.config import ServeConfig
 class DemoConfig:
     policies: tuple[str, ...] = ("tokenflow", "fcfs")
     streams: int = 48
-    max_tokens: int = 96
-    rate: float = 4.0  # tokens/s each reader consumes; streams x rate stays under decode capacity
+    max_tokens: int = 128
+    rate: float = 16.0  # tokens/s each reader consumes; streams x rate near (under) the replica's decode capacity
     burst_s: float = 1.0  # arrivals spread over this long
     kv_streams: int = 8  # the device pool holds about this many streams at full length
-    host_blocks: int = 256  # CPU spill store (blocks)
+    host_blocks: int = 1024  # CPU spill store (blocks): paused streams live here, so the working set can exceed the device pool
     num_cpus: int = 4  # the local Ray instance
     timeout_s: float = 120.0  # per policy
 
