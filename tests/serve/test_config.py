@@ -78,7 +78,9 @@ def test_demo_workload_contends_for_memory_within_decode_capacity():
     sc = cfg.serve_config("fcfs")
     full_blocks = -(-(len(cfg.prompt(0)) + 2 + cfg.max_tokens) // sc.block_size)
     assert sc.num_device_blocks < cfg.streams * full_blocks  # only a fraction fits at full length
-    assert cfg.streams * cfg.rate < 250  # Σ rates well under the CPU engine's batched decode rate
+    # Σ rates near but under the replica's decode rate over HTTP on a 2-core box (docs/serving/serve_bench.json:
+    # ~1.4k tok/s at 32 streams): the contest is over who runs when, not raw capacity.
+    assert 500 < cfg.streams * cfg.rate < 1000
 
 
 def test_load_generator_refuses_non_loopback():
