@@ -88,10 +88,9 @@ class TorchModelRunner:
         copies = self.transfer.launch(plan) if plan.has_copies and self.transfer is not None else None
         sampled = self._forward(plan) if plan.decodes or plan.prefills else {}
         compute_s = time.perf_counter() - t0
-        result = StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute_s, step_s=compute_s)
         if copies is None:
-            return result
-        timing = KVTransfer.wait(copies)
+            return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute_s, step_s=compute_s)
+        timing = KVTransfer.wait(copies)  # copies planned in a step are complete when its result is read
         return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute_s, copy_s=timing.copy_s,
                           copy_bytes=timing.num_blocks * self.transfer.block_bytes,
                           swap_out_s=max(0.0, timing.swap_out_done - t0) if timing.swap_out_done else 0.0,
