@@ -97,7 +97,6 @@ def test_gamma_trades_buffer_urgency_against_waiting_time():
     for s, n in ((sx, 30), (sy, 0)):
         if n:
             s.reader.on_tokens(engine.clock.now(), n)
-            s.first_token_time = engine.clock.now()
     view = _policy_view(engine)
     urgent_first = TokenFlowPolicy(TokenFlowConfig(gamma=100.0)).rank([sx, sy], view)
     fair_first = TokenFlowPolicy(TokenFlowConfig(gamma=0.0)).rank([sx, sy], view)

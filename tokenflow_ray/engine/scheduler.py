@@ -220,7 +220,6 @@ class Scheduler:
                 first = self.pool.blocks_for_tokens(min(stream.num_tokens, budget))
                 if not self.pool.can_allocate(first):
                     break  # keep the host copy: nothing is gained by dropping it without room to recompute
-                stream.num_recomputed_tokens += stream.num_host_tokens
                 stream.record.record_recompute(stream.num_host_tokens)
                 self.kv.release_host(stream)
                 stream.status = StreamStatus.WAITING
@@ -281,8 +280,6 @@ class Scheduler:
                 continue
             token = result.sampled[chunk.stream_id]
             stream.output_token_ids.append(token)
-            if stream.first_token_time is None:
-                stream.first_token_time = now
             # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
             stream.record.record_token(now, stream.reader.buffer_at(now))
             stream.reader.on_tokens(now)
@@ -314,12 +311,10 @@ class Scheduler:
             self._swap_blocks[stream.stream_id] = swapped
             stream.status = StreamStatus.PREEMPTED
         else:  # recompute: everything computed so far is computed again later
-            stream.num_recomputed_tokens += stream.num_computed_tokens
             stream.record.record_recompute(stream.num_computed_tokens)
             self.kv.release_device(stream)
             self.kv.release_host(stream)
             stream.status = StreamStatus.WAITING
-        stream.num_preemptions += 1
         stream.last_preempted_at = view.now
         stream.record.record_preemption()
         self.policy.on_preempt(stream, view)

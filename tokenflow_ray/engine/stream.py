@@ -45,10 +45,7 @@ class Stream:
     host_block_ids: list[int] = field(default_factory=list)  # host spill blocks; host block i mirrors block i
     num_host_tokens: int = 0  # tokens whose KV is valid in the host store (a prefix of the stream)
     status: StreamStatus = StreamStatus.WAITING
-    num_preemptions: int = 0
-    num_recomputed_tokens: int = 0  # tokens whose KV was computed again after a recompute preemption
     last_preempted_at: float = float("-inf")
-    first_token_time: float | None = None
     rate: float = 0.0  # declared consumption rate, tokens/s (0: unpaced reader)
     reader: ReaderModel = field(init=False)  # the server's model of the client's buffer
     record: StreamRecord = field(init=False)  # metrics: token times and buffers, preemptions
@@ -61,6 +58,20 @@ class Stream:
                              f"context limit of {self.max_total_tokens} tokens")
         self.reader = ReaderModel(self.rate)  # validates the rate
         self.record = StreamRecord(self.stream_id, self.arrival_time, self.rate, len(self.prompt_token_ids))
+
+    # Counters live in the reader and the metrics record; these views keep one copy of each.
+    @property
+    def first_token_time(self) -> float | None:
+        return self.reader.first_token_time
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.record.preemptions
+
+    @property
+    def num_recomputed_tokens(self) -> int:
+        """Tokens whose KV was computed again after a preemption."""
+        return self.record.tokens_recomputed
 
     def buffer_s(self, now: float) -> float:
         """Seconds of reading the client has buffered (0 for unpaced readers and before the first token)."""
