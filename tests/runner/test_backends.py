@@ -1,16 +1,50 @@
-"""Attention backend selection: flash-attn only on CUDA when importable; the CPU path never imports it."""
+"""Attention backends: flash-attn only on CUDA when importable (the CPU path never imports it); on CPU the
+compiled paged decode kernel, checked against SDPA."""
 
 import sys
 
 import pytest
 import torch
 
-from tokenflow_ray.runner.attention import SdpaPagedAttention, flash_attn_available, select_backend
+from tokenflow_ray.runner.attention import (
+    CpuPagedAttention,
+    SdpaPagedAttention,
+    flash_attn_available,
+    select_backend,
+)
+from tokenflow_ray.runner.cpu_kernels import compiler_available, load_paged_decode_attention
+
+needs_compiler = pytest.mark.skipif(not compiler_available(), reason="needs a C++ compiler")
 
 
-def test_cpu_always_uses_sdpa():
+def test_cpu_never_imports_flash_attn():
     assert isinstance(select_backend(torch.device("cpu"), 16), SdpaPagedAttention)
+    assert isinstance(select_backend(torch.device("cpu"), 16, prefer="sdpa", dtype=torch.bfloat16),
+                      SdpaPagedAttention)
     assert "flash_attn" not in sys.modules or flash_attn_available()
+
+
+@needs_compiler
+def test_cpu_float32_uses_the_compiled_paged_kernel():
+    """With a compiler the kernel must build: a silent fallback would hide a broken build."""
+    assert load_paged_decode_attention() is not None
+    assert isinstance(select_backend(torch.device("cpu"), 16), CpuPagedAttention)
+    assert not isinstance(select_backend(torch.device("cpu"), 16, dtype=torch.bfloat16), CpuPagedAttention)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", [dict(block_size=16, heads=4, kv_heads=2, head_dim=16),
+                                   dict(block_size=16, heads=6, kv_heads=2, head_dim=64, decodes=9),
+                                   dict(block_size=8, heads=4, kv_heads=4, head_dim=32),
+                                   dict(block_size=32, heads=8, kv_heads=1, head_dim=64, decodes=1)])
+def test_cpu_paged_kernel_matches_sdpa(shape):
+    """Decodes of random lengths (1 token up to 3 blocks, partial last blocks) plus a continued prefill chunk."""
+    from tokenflow_ray.runner.gpu_check import paged_attention_parity
+
+    kernel = CpuPagedAttention(load_paged_decode_attention())
+    for seed in range(3):
+        assert paged_attention_parity(kernel, SdpaPagedAttention(), device="cpu", dtype=torch.float32,
+                                      chunk=8, seed=seed, **shape) < 1e-5
 
 
 def test_asking_for_flash_on_cpu_is_a_clear_error():

@@ -26,6 +26,8 @@ class ModelConfig:
     # choice beside a copy thread: OpenMP teams of 2 stall at barriers whenever another thread takes a core.
     num_threads: int | None = None
     cpu_prepack: bool = True  # fp32 on CPU: pack linear weights for oneDNN once (faster decode GEMMs)
+    # auto: flash-attn on CUDA, the compiled paged decode kernel on CPU fp32, SDPA otherwise; or name one.
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model: must name a local directory, a hub id or 'embedded'")
@@ -34,6 +36,8 @@ class ModelConfig:
                  f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
         _require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
+        _require(self.attention_backend in ("auto", "flash", "sdpa", "cpu_paged"),
+                 f"attention_backend: expected auto, flash, sdpa or cpu_paged, got {self.attention_backend!r}")
 
 
 @dataclass(frozen=True)

@@ -101,13 +101,15 @@ class LlamaForPagedLM(nn.Module):
         return F.rms_norm(x_TH, x_TH.shape[-1:], self.norm, self.config.rms_norm_eps)
 
     def prepack_for_cpu(self) -> None:
-        """Swap the linear layers for oneDNN ones with weights packed once in its blocked layout: ~1.4x faster
-        GEMMs at decode batch sizes on x86 CPUs (see the engine benchmark). fp32 on CPU only."""
-        from torch.utils import mkldnn
+        """Swap every linear layer (lm_head too) for a oneDNN one with its weight packed once: about 2x faster
+        decode GEMMs than the default path on this project's CPUs (see `packed_linear.py`). fp32 on CPU."""
+        from tokenflow_ray.models.packed_linear import onednn_linear_available, pack_linears
 
+        if not onednn_linear_available():
+            return
         for layer in self.layers:
-            for name in ("qkv", "o", "gate_up", "down"):
-                setattr(layer, name, mkldnn.to_mkldnn(getattr(layer, name)))
+            pack_linears(layer, ("qkv", "o", "gate_up", "down"))
+        pack_linears(self, ("lm_head",))
 
     def compute_logits(self, hidden_SH: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_SH).float()

@@ -6,6 +6,8 @@ through its block table, so prefill, decode, chunked prefill and resumed streams
 
 - `SdpaPagedAttention`: torch SDPA (CPU, or GPU without flash-attn). Decodes are one batched call: query heads are
   grouped per KV head ([D, kv_heads, group, head_dim]), so GQA needs no KV repeat; blocks are gathered by index.
+- `CpuPagedAttention`: SDPA for prefill chunks, and for decodes a C++ kernel that reads each stream's blocks in
+  place (csrc/paged_decode_attention.cpp): decode attention is memory-bound, and the gather copy doubled its traffic.
 - `FlashPagedAttention`: flash-attn's `flash_attn_with_kvcache` with block tables, no gather at all.
 """
 
@@ -69,6 +71,12 @@ class SdpaPagedAttention:
             v_DKLD = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
             o = F.scaled_dot_product_attention(q_DKGD, k_DKLD, v_DKLD, attn_mask=meta.decode_mask, scale=meta.scale)
             out_THD[:D] = o.reshape(D, H, Dh)
+        self._prefill(q_THD, k_THD, v_THD, k_cache, v_cache, meta, out_THD)
+        return out_THD.view(T, H * Dh)
+
+    @staticmethod
+    def _prefill(q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata, out_THD) -> None:
+        """Each prefill chunk attends to its stream's context: the chunk itself, or the pool for later chunks."""
         for span in meta.prefills:
             C = span.end - span.start
             ctx = span.start_pos + C
@@ -85,6 +93,26 @@ class SdpaPagedAttention:
                                                v_ctx.transpose(0, 1).unsqueeze(0), attn_mask=mask,
                                                is_causal=causal, scale=meta.scale, enable_gqa=True)
             out_THD[span.start:span.end] = o[0].transpose(0, 1)
+
+
+class CpuPagedAttention(SdpaPagedAttention):
+    """float32 on CPU: decodes through the compiled paged kernel, prefill chunks through SDPA."""
+
+    name = "cpu_paged"
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+
+    def forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        D = meta.num_decodes
+        if not D:
+            return super().forward(q_THD, k_THD, v_THD, k_cache, v_cache, meta)
+        write_kv(k_THD, v_THD, k_cache, v_cache, meta.slot_mapping)
+        T, H, Dh = q_THD.shape
+        out_THD = torch.empty_like(q_THD)
+        out_THD[:D] = self._kernel.paged_decode_attention(q_THD[:D], k_cache, v_cache, meta.decode_block_tables,
+                                                          meta.decode_seq_lens, meta.scale)
+        self._prefill(q_THD, k_THD, v_THD, k_cache, v_cache, meta, out_THD)
         return out_THD.view(T, H * Dh)
 
 
@@ -131,14 +159,20 @@ def flash_attn_available() -> bool:
     return True
 
 
-def select_backend(device: torch.device, block_size: int, prefer: str = "auto") -> AttentionBackend:
-    """flash-attn on CUDA when importable and the block size suits its paged kernel; SDPA otherwise."""
-    if prefer not in ("auto", "flash", "sdpa"):
+def select_backend(device: torch.device, block_size: int, prefer: str = "auto",
+                   dtype: torch.dtype = torch.float32) -> AttentionBackend:
+    """CUDA: flash-attn when importable and the block size suits its paged kernel. CPU float32: the compiled paged
+    decode kernel when it builds. SDPA otherwise."""
+    if prefer not in ("auto", "flash", "sdpa", "cpu_paged"):
         raise ValueError(f"attention_backend: unknown backend {prefer!r}")
-    if prefer == "sdpa" or device.type != "cuda":
+    if prefer == "sdpa":
+        return SdpaPagedAttention()
+    if device.type != "cuda":
         if prefer == "flash":
             raise ValueError("attention_backend: flash-attn needs a CUDA device")
-        return SdpaPagedAttention()
+        return _cpu_backend(dtype, required=prefer == "cpu_paged")
+    if prefer == "cpu_paged":
+        raise ValueError("attention_backend: cpu_paged runs on CPU only")
     if not flash_attn_available():
         if prefer == "flash":
             raise ValueError("attention_backend: flash-attn is not installed (pip install .[gpu])")
@@ -148,3 +182,14 @@ def select_backend(device: torch.device, block_size: int, prefer: str = "auto") 
         log.warning("flash-attn 2 paged KV wants block_size % 256 == 0 (got %d); using torch SDPA", block_size)
         return SdpaPagedAttention()
     return FlashPagedAttention()
+
+
+def _cpu_backend(dtype: torch.dtype, required: bool) -> AttentionBackend:
+    from tokenflow_ray.runner.cpu_kernels import load_paged_decode_attention
+
+    kernel = load_paged_decode_attention() if dtype == torch.float32 else None
+    if kernel is None:
+        if required:
+            raise ValueError("attention_backend: cpu_paged needs float32 and a C++ compiler to build its kernel")
+        return SdpaPagedAttention()
+    return CpuPagedAttention(kernel)

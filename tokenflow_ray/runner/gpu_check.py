@@ -39,10 +39,11 @@ def _random_paged_batch(device: torch.device, dtype: torch.dtype, block_size: in
     return q, k, v, k_cache, v_cache, meta
 
 
-def paged_attention_parity(backend_a, backend_b, device: str = "cuda", dtype=torch.bfloat16) -> float:
-    """Max abs difference between two backends on the same paged batch (decodes + a continued prefill chunk)."""
+def paged_attention_parity(backend_a, backend_b, device: str = "cuda", dtype=torch.bfloat16, **batch) -> float:
+    """Max abs difference between two backends on the same paged batch (decodes + a continued prefill chunk);
+    batch: shape arguments of `_random_paged_batch`."""
     dev = torch.device(device)
-    q, k, v, kc, vc, meta = _random_paged_batch(dev, dtype)
+    q, k, v, kc, vc, meta = _random_paged_batch(dev, dtype, **batch)
     meta_b = AttentionMetadata(**{**meta.__dict__, "decode_block_tables": meta.decode_block_tables.int(),
                                   "prefills": [PrefillSpan(p.start, p.end, p.start_pos, p.block_table.int())
                                                for p in meta.prefills]})

@@ -38,7 +38,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class TorchModelRunner:
-    def __init__(self, config: EngineConfig, attention_backend: str = "auto") -> None:
+    def __init__(self, config: EngineConfig, attention_backend: str | None = None) -> None:
         mc, cc = config.model, config.cache
         if mc.num_threads is not None:
             torch.set_num_threads(mc.num_threads)
@@ -63,7 +63,8 @@ class TorchModelRunner:
         # every layer is one index away, which is what host spill copies want.
         self.kv_cache = torch.zeros((L, 2, cc.num_device_blocks, cc.block_size, kvh, hd), dtype=self.dtype,
                                     device=self.device)
-        self.backend = select_backend(self.device, cc.block_size, attention_backend)
+        self.backend = select_backend(self.device, cc.block_size, attention_backend or mc.attention_backend,
+                                      self.dtype)
         self.transfer = KVTransfer(self.kv_cache, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
         self.scale = hd ** -0.5
         self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
@@ -137,7 +138,7 @@ class TorchModelRunner:
             tables = torch.tensor([list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in plan.decodes],
                                   dtype=table_dtype, device=dev)
             lens = torch.tensor([c.start_pos + 1 for c in plan.decodes], dtype=torch.int32, device=dev)
-            if self.backend.name == "sdpa":
+            if self.backend.name == "sdpa":  # the paged kernels read seq_lens instead
                 mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None]).view(D, 1, 1, width * bs)
         spans = []
         offset = D

@@ -1,0 +1,123 @@
+// Decode attention over the paged KV pool on CPU: one pass over each stream's blocks, no gather copy.
+//
+// q [D, H, hd] (one query token per stream), k_cache/v_cache [blocks, block_size, kv_heads, hd] (a layer's pool),
+// block_tables [D, W] int64, seq_lens [D] int64 (context length including the new token). The G = H / kv_heads
+// query heads of one KV head share each K/V row while it is in cache; softmax is online (running max and sum), so
+// each K and V row is read once. Work items are (stream, kv head) pairs spread over ATen's OpenMP threads.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline void axpy(float* __restrict y, const float* __restrict x, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// exp(x) for x <= 0 over an array, in a loop the compiler vectorizes (Cephes' expf polynomial, ~1 ulp);
+// std::exp is a scalar libm call per score, which costs more than the dot products themselves.
+inline void exp_nonpositive_(float* __restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::max(x[i], -87.0f);
+    const float k = std::floor(v * 1.44269504088896341f + 0.5f);
+    const float r = v - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    x[i] = p * __builtin_bit_cast(float, bits);
+  }
+}
+
+inline void scale_(float* __restrict y, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+}  // namespace
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+              v_cache.scalar_type() == at::kFloat, "float32 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  q = q.contiguous();
+  auto tables = block_tables.to(at::kLong).contiguous();
+  auto lens = seq_lens.to(at::kLong).contiguous();
+  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
+  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), W = tables.size(1);
+  TORCH_CHECK(k_cache.size(3) == hd && H % kvh == 0 && tables.size(0) == D && lens.size(0) == D, "bad shapes");
+  const int64_t G = H / kvh, block_stride = bs * kvh * hd, tok_stride = kvh * hd;
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, D * kvh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(G * hd), m(G), l(G), s(G * bs);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t d = item / kvh, h = item % kvh, len = lp[d];
+      TORCH_CHECK(len > 0 && len <= W * bs, "seq_len out of range for the block table");
+      const float* qd = qp + (d * H + h * G) * hd;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.f);
+      for (int64_t b = 0, nb = (len + bs - 1) / bs; b < nb; ++b) {
+        const int64_t n = std::min(bs, len - b * bs);
+        const float* kb = kp + tp[d * W + b] * block_stride + h * hd;
+        const float* vb = vp + tp[d * W + b] * block_stride + h * hd;
+        for (int64_t g = 0; g < G; ++g) {
+          float* sg = s.data() + g * bs;
+          float mb = m[g];
+          for (int64_t t = 0; t < n; ++t) {
+            sg[t] = dot(qd + g * hd, kb + t * tok_stride, hd) * fscale;
+            mb = std::max(mb, sg[t]);
+          }
+          const float correction = std::exp(m[g] - mb);  // exp(-inf) = 0 on the first block
+          l[g] *= correction;
+          scale_(acc.data() + g * hd, correction, hd);
+          m[g] = mb;
+          for (int64_t t = 0; t < n; ++t) sg[t] -= mb;
+          exp_nonpositive_(sg, n);
+          for (int64_t t = 0; t < n; ++t) {
+            l[g] += sg[t];
+            axpy(acc.data() + g * hd, vb + t * tok_stride, sg[t], hd);
+          }
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* o = op + (d * H + h * G + g) * hd;
+        const float inv = 1.f / l[g];
+        for (int64_t i = 0; i < hd; ++i) o[i] = acc[g * hd + i] * inv;
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over paged KV (CPU, float32)");
+}
