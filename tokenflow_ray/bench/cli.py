@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -28,9 +29,46 @@ def _engine(args: argparse.Namespace) -> int:
     from tokenflow_ray.bench.engine_bench import EngineBenchConfig, run_engine_bench
 
     cfg = EngineBenchConfig(model=args.model, dtype=args.dtype, batches=args.batch, prompt_len=args.prompt_len,
-                            new_tokens=args.new_tokens, repeats=args.repeats, generate_batch=not args.no_generate_batch)
-    write_json(args.json, run_engine_bench(cfg))
+                            new_tokens=args.new_tokens, repeats=args.repeats, generate_batch=not args.no_generate_batch,
+                            peer=args.peer, peer_env=args.vllm_env)
+    if cfg.peer:
+        from tokenflow_ray.bench.peer.vllm_env import PeerError
+
+        try:
+            out = run_engine_bench(cfg)
+        except PeerError as exc:  # vLLM setup/run failed: one line, the log path is in it
+            print(f"tokenflow: error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        out = run_engine_bench(cfg)
+    write_json(args.json, out)
     return 0
+
+
+def _peer(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.peer.peer_bench import PeerBenchConfig, print_table, run_peer_bench
+    from tokenflow_ray.bench.peer.vllm_env import PeerError
+
+    cfg = PeerBenchConfig(workload=args.workload, streams=args.streams, prompt_len=args.prompt_len,
+                          max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
+                          arrival_rate=args.arrival_rate, kv_blocks=args.kv_blocks, host_blocks=args.host_blocks,
+                          threads=args.threads, systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
+                          seed=args.seed, timeout_s=args.timeout, vllm_env=args.vllm_env,
+                          log_dir=args.plots or (str(Path(args.json).parent) if args.json else None))
+    try:
+        report, runs = run_peer_bench(cfg)
+    except PeerError as exc:
+        print(f"tokenflow: error: {exc}", file=sys.stderr)
+        return 1
+    print_table(report)
+    if args.plots:
+        from tokenflow_ray.bench.peer.plots import write_peer_plots
+
+        report["plots"] = write_peer_plots(runs, report, args.plots)
+        print("plots:", ", ".join(report["plots"]))
+    write_json(args.json, report)
+    failed = [name for name, s in report["systems"].items() if "error" in s]
+    return 1 if failed else 0
 
 
 def _policies(args: argparse.Namespace) -> int:
@@ -87,8 +125,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch (slow)")
+    p.add_argument("--peer", choices=["vllm"], help="also vLLM's offline decode tok/s (own venv, created if missing)")
+    p.add_argument("--vllm-env", metavar="DIR", help="the vLLM venv (default: <cache>/peers/vllm-<version>)")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(handler=_engine)
+
+    p = sub.add_parser("peer", help="one workload against our server (fcfs, tokenflow) and vLLM: same model, KV bytes, "
+                                    "client")
+    p.add_argument("--workload", default="burst", choices=["burst", "poisson", "mixed"])
+    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=64, help="mean prompt tokens")
+    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per stream (exact)")
+    p.add_argument("--rate", type=float, default=20.0, help="reader rate, tokens/s (mixed: 40%% at 0.75x)")
+    p.add_argument("--burst-s", type=float, default=1.0, help="burst/mixed: arrivals spread over this long")
+    p.add_argument("--arrival-rate", type=float, default=4.0, help="poisson: requests/s")
+    p.add_argument("--kv-blocks", type=int, default=480,
+                   help="device KV pool in our 16-token blocks; vLLM gets the same bytes in 128-token blocks")
+    p.add_argument("--host-blocks", type=int, default=4096, help="our CPU spill store, blocks")
+    p.add_argument("--threads", type=int, default=2, help="our replica's CPUs/torch threads = vLLM's OpenMP threads")
+    p.add_argument("--systems", default="fcfs,tokenflow,vllm", help="any of fcfs,tokenflow,vllm (run in that order)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per system for the measured load")
+    p.add_argument("--vllm-env", metavar="DIR", help="the vLLM venv (default: <cache>/peers/vllm-<version>)")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plots", metavar="DIR", help="PNG plots; vLLM's server log goes here too")
+    p.set_defaults(handler=_peer)
 
     s = sub.add_parser("serve", help="the same streams through HTTP/SSE (Ray Serve) vs in-process")
     s.add_argument("--streams", type=int, default=32)

@@ -39,6 +39,8 @@ class EngineBenchConfig:
     hf_static_batch: int = 32  # HF generate runs the mixed workload in batches of this size
     generate_batch: bool = True  # include HF generate_batch (slow: it is the like-for-like continuous batcher)
     seed: int = 0
+    peer: str | None = None  # "vllm": also vLLM's offline tok/s on the same model, prompts and batches (own venv)
+    peer_env: str | None = None  # the vLLM venv; None: the default under the cache folder (created if missing)
 
     def __post_init__(self) -> None:
         if not self.batches or any(b <= 0 for b in self.batches):
@@ -47,6 +49,8 @@ class EngineBenchConfig:
             raise ValueError("prompt_len, new_tokens (>= 2) and repeats must be positive")
         if not 0 < self.mixed_min_tokens <= self.mixed_max_tokens:
             raise ValueError("mixed token range: need 0 < min <= max")
+        if self.peer not in (None, "vllm"):
+            raise ValueError(f"peer: expected 'vllm', got {self.peer!r}")
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -125,10 +129,12 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
         row: dict = _decode_tok_s(runs, batch, cfg.new_tokens, cfg.repeats)
         roof = model_roofline(systems.hf, cfg.prompt_len + cfg.new_tokens // 2, systems.engine.runner.dtype)
         row["roofline_tok_s"] = roof.tok_s(batch)
+        row["roofline_onednn_tok_s"] = roof.with_onednn_rate().tok_s(batch)  # stricter: the GEMM kernel we run
         row["ours_vs_hf_generate"] = row["ours_tok_s"] / row["hf_generate_tok_s"]
         if "hf_generate_batch_tok_s" in row:
             row["ours_vs_hf_generate_batch"] = row["ours_tok_s"] / row["hf_generate_batch_tok_s"]
         row["ours_vs_roofline"] = row["ours_tok_s"] / row["roofline_tok_s"]
+        row["ours_vs_roofline_onednn"] = row["ours_tok_s"] / row["roofline_onednn_tok_s"]
         row["roofline"] = asdict(roof)
         results[str(batch)] = row
         progress(f"batch {batch:>3}: ours {row['ours_tok_s']:8.0f} tok/s | HF generate {row['hf_generate_tok_s']:8.0f}"
@@ -139,6 +145,9 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
     progress(f"mixed ({cfg.mixed_requests} requests, {cfg.mixed_min_tokens}-{cfg.mixed_max_tokens} new tokens): "
              f"ours {mixed['mixed_ours_tok_s']:.0f} tok/s | HF generate x{cfg.hf_static_batch} "
              f"{mixed['mixed_hf_generate_tok_s']:.0f} tok/s")
+    if cfg.peer == "vllm":
+        mixed.update(_vllm_peer(cfg, systems, results, progress))
+        mixed["mixed_ours_vs_vllm"] = mixed["mixed_ours_tok_s"] / mixed["mixed_vllm_tok_s"]
     out = {"model": cfg.model, "dtype": cfg.dtype, "device": "cpu", "threads": torch.get_num_threads(),
            "config": asdict(cfg), "results": results, **mixed}
     headline = str(32 if 32 in cfg.batches else cfg.batches[-1])
@@ -147,10 +156,36 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
     return out
 
 
-def _mixed(cfg: EngineBenchConfig, systems: _Systems) -> dict:
+def _mixed_workload(cfg: EngineBenchConfig, vocab: int) -> tuple[list[list[int]], list[int]]:
     rng = random.Random(cfg.seed)
-    prompts = _prompts(cfg.mixed_requests, cfg.prompt_len, systems.vocab, cfg.seed + 999)
-    lengths = [rng.randint(cfg.mixed_min_tokens, cfg.mixed_max_tokens) for _ in prompts]
+    prompts = _prompts(cfg.mixed_requests, cfg.prompt_len, vocab, cfg.seed + 999)
+    return prompts, [rng.randint(cfg.mixed_min_tokens, cfg.mixed_max_tokens) for _ in prompts]
+
+
+def _vllm_peer(cfg: EngineBenchConfig, systems: _Systems, results: dict[str, dict],
+               progress: Callable[[str], None]) -> dict:
+    """vLLM's offline decode tok/s on the very prompts ours ran (same seeds), in the rows; mixed figures returned."""
+    from tokenflow_ray.bench.peer.vllm_engine import run_vllm_offline
+
+    max_batch = max(max(cfg.batches), cfg.mixed_requests)
+    prompts = {b: _prompts(b, cfg.prompt_len, systems.vocab, cfg.seed + b) for b in cfg.batches}
+    peer = run_vllm_offline(systems.engine.runner.model_dir, prompts, cfg.new_tokens, cfg.repeats,
+                            mixed=_mixed_workload(cfg, systems.vocab), threads=torch.get_num_threads(),
+                            max_num_batched_tokens=max(2048, max_batch * 4), dtype=cfg.dtype, env_dir=cfg.peer_env)
+    for batch in cfg.batches:
+        row = results[str(batch)]
+        row["vllm_tok_s"] = peer["results"][batch]["vllm_tok_s"]
+        row["ours_vs_vllm"] = row["ours_tok_s"] / row["vllm_tok_s"]
+        progress(f"batch {batch:>3}: ours {row['ours_tok_s']:8.0f} tok/s | vLLM {row['vllm_tok_s']:8.0f} tok/s "
+                 f"({row['ours_vs_vllm']:.2f}x)")
+    mixed = {"mixed_vllm_tok_s": peer["mixed_vllm_tok_s"], "vllm_version": peer["vllm_version"],
+             "vllm_torch_version": peer["torch_version"], "vllm_threads": peer["threads"]}
+    progress(f"mixed: vLLM {mixed['mixed_vllm_tok_s']:.0f} tok/s")
+    return mixed
+
+
+def _mixed(cfg: EngineBenchConfig, systems: _Systems) -> dict:
+    prompts, lengths = _mixed_workload(cfg, systems.vocab)
     useful = sum(lengths)
 
     def hf_static() -> None:

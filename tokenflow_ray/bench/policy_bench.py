@@ -113,6 +113,8 @@ def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
             raise RuntimeError(f"{policy}: run exceeded max_run_s={cfg.max_run_s}; {len(pending)} requests not "
                                f"yet arrived, {engine.scheduler.num_unfinished} unfinished")
         engine.step()
+        if engine.idle:  # every live stream paced for now
+            time.sleep(0.002)
         if now >= next_sample:
             st = engine.stats()
             trace.t.append(now)

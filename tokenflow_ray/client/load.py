@@ -39,8 +39,9 @@ class LoadResult:
 
 
 async def run_load(base_url: str, specs: Sequence[StreamSpec], *, model: str = "embedded",
-                   api_key: str | None = None, timeout_s: float = 300.0, report_interval_s: float = 1.0,
+                   api_key: str | None = None, timeout_s: float = 300.0, report_interval_s: float | None = 1.0,
                    on_done: Callable[[StreamResult], None] | None = None) -> LoadResult:
+    """report_interval_s=None sends no consumption reports (servers without the route, e.g. vLLM)."""
     host = urlparse(base_url).hostname
     if host not in LOOPBACK:
         raise ValueError(f"base_url: the load generator only targets loopback hosts, got {host!r}")

@@ -3,7 +3,8 @@
 Tokens land in a local buffer as chunks arrive; a ReaderModel drains it at `rate` tokens/s (the same model and
 metric definitions the engine uses, so client-side and server-side figures mean the same thing). The client counts
 tokens with vLLM's `continuous_usage_stats` (usage in every chunk), measures its own TTFT, stalls and token times,
-and reports how far it has read to `/v1/streams/{id}/consumption` every `report_interval_s`.
+and reports how far it has read to `/v1/streams/{id}/consumption` every `report_interval_s` (None: no reports,
+for servers without that route, e.g. vLLM; the client-side metrics do not depend on them).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class StreamResult:
 
 class PacedStreamClient:
     def __init__(self, http: httpx.AsyncClient, base_url: str, model: str = "embedded",
-                 api_key: str | None = None, report_interval_s: float = 1.0, origin: float | None = None) -> None:
+                 api_key: str | None = None, report_interval_s: float | None = 1.0,
+                 origin: float | None = None) -> None:
+        if report_interval_s is not None and not report_interval_s > 0:
+            raise ValueError(f"report_interval_s: must be positive or None, got {report_interval_s!r}")
         self.http = http
         self.base = base_url.rstrip("/")
         self.model = model
@@ -104,7 +108,8 @@ class PacedStreamClient:
                     if result.record is None:
                         result.stream_id = chunk["id"]
                         result.record = StreamRecord(chunk["id"], arrival, spec.rate, usage.get("prompt_tokens", 0))
-                        reporter = asyncio.create_task(self._report_loop(result, reader))
+                        if self.report_interval_s is not None:
+                            reporter = asyncio.create_task(self._report_loop(result, reader))
                     if not chunk["choices"]:
                         continue  # the final usage-only chunk
                     choice = chunk["choices"][0]
@@ -130,7 +135,7 @@ class PacedStreamClient:
         return result
 
     async def _report_loop(self, result: StreamResult, reader: ReaderModel) -> None:
-        assert result.stream_id is not None
+        assert result.stream_id is not None and self.report_interval_s is not None
         while True:
             await asyncio.sleep(self.report_interval_s)
             status = await self.report(result.stream_id, consumed_tokens=reader.consumed_at(self.now()))

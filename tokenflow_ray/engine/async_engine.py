@@ -30,6 +30,9 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+IDLE_STEP_WAIT_S = 0.002  # about a fifth of a decode step here: pacing resolution, not CPU burn
+
+
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
@@ -112,6 +115,9 @@ class AsyncLLMEngine:
                 self._fail_all(exc)
                 continue
             self._dispatch(outputs)
+            if self.engine.idle:  # every live stream is paced for now: wait a little, or a command, not spin
+                self._wake.wait(IDLE_STEP_WAIT_S)
+                self._wake.clear()
         self._fail_all(EngineDeadError("engine shut down"))
 
     def _drain_commands(self) -> None:

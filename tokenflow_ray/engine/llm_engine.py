@@ -49,6 +49,7 @@ class LLMEngine:
         self._decoders = DecoderFactory(tokenizer) if tokenizer is not None else None
         self._text: dict[str, _TextState] = {}
         self._pending: list[StreamOutput] = []  # outputs produced outside step(): aborts
+        self.idle = False  # the last step had nothing to run (loops wait briefly instead of spinning)
         info = runner.info
         # A stream may not outgrow the model's context nor the whole device pool (it would preempt itself forever).
         self.max_total_tokens = min(info.max_model_len, config.cache.num_device_blocks * config.cache.block_size)
@@ -135,7 +136,8 @@ class LLMEngine:
     def step(self) -> list[StreamOutput]:
         outputs, self._pending = self._pending, []
         plan = self.scheduler.schedule(self.clock.now())
-        if plan.is_empty and not plan.finished:
+        self.idle = plan.is_empty and not plan.finished  # nothing to run now (e.g. every stream paced)
+        if self.idle:
             return outputs
         result = self.runner.execute(plan)
         self._totals["steps"] += 1

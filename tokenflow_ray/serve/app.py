@@ -33,7 +33,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         health_check_period_s=10,
         health_check_timeout_s=60,
     ).bind(config.engine_config(),
-           ReplicaSettings(central, config.central_namespace, stream_interval_s=config.stream_interval_s,
+           ReplicaSettings(central, config.central_namespace, grouping=config.grouping(),
                            torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0))
     extra: list[Any] = []
     routers = list(routers)

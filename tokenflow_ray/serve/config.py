@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.policies import make_policy
+from tokenflow_ray.serve.grouping import GroupingConfig
 
 
 def _require(ok: bool, message: str) -> None:
@@ -45,8 +46,12 @@ class ServeConfig:
     max_num_batched_tokens: int = 512
     default_rate: float = 0.0  # consumption rate of requests without `consumption_rate` (tokens/s; 0: unpaced)
     default_max_tokens: int = 16  # OpenAI's default for completions
-    stream_interval_s: float = 0.05  # later tokens are grouped this long; the first goes at once (invisible
-    # to a reader below ~20 tok/s; each SSE item costs ~1 ms of CPU across proxy, ingress and replica)
+    # The first token goes at once; later ones are grouped at least stream_interval_s and at most
+    # stream_max_interval_s: half a paced reader's buffer time, or for unpaced streams a share of the replica's
+    # stream_events_per_s (each SSE item costs ~1 ms of CPU across proxy, ingress and replica). See grouping.py.
+    stream_interval_s: float = 0.05
+    stream_max_interval_s: float = 0.25
+    stream_events_per_s: float = 200.0
     num_cpus: float = 1.0  # per replica (Ray also sets the replica's torch threads from it)
     num_gpus: float = 0.0  # per replica
     ingress_max_ongoing: int = 2048
@@ -70,7 +75,7 @@ class ServeConfig:
         _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
                  and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
         _require(self.default_max_tokens > 0, "default_max_tokens: must be positive")
-        _require(0 <= self.stream_interval_s <= 1, "stream_interval_s: must be in [0, 1]")
+        self.grouping()  # validates the stream interval fields
         _require(self.num_cpus >= 0 and self.num_gpus >= 0, "num_cpus/num_gpus: must be >= 0")
         _require(self.ingress_max_ongoing >= self.max_num_seqs, "ingress_max_ongoing: must be >= max_num_seqs")
         _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
@@ -78,6 +83,9 @@ class ServeConfig:
         _require(0 <= self.port < 65536, "port: must be in [0, 65535]")
         _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.images is missing")
         self.engine_config()  # engine-level validation now, not in a replica
+
+    def grouping(self) -> GroupingConfig:
+        return GroupingConfig(self.stream_interval_s, self.stream_max_interval_s, self.stream_events_per_s)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

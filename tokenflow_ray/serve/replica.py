@@ -1,7 +1,8 @@
 """LLMServer: the Serve deployment replica that owns one engine (model, device KV pool, host spill store).
 
-Streams deltas to the ingress over one handle hop: the first token alone and at once, later tokens grouped every
-`stream_interval_s` (ray-notes §6.3: a per-token item costs ~0.7 ms, batching the first token costs TTFT). Client
+Streams deltas to the ingress over one handle hop: the first token alone and at once, later tokens grouped by an
+interval that adapts to the reader's buffer and the replica's load (grouping.py; ray-notes §6.3: a per-token item
+costs ~0.7 ms, batching the first token costs TTFT). Client
 consumption reports arrive through the central actor's long-poll and are applied on the engine thread.
 """
 
@@ -18,6 +19,7 @@ from ray import serve
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.central import get_central
+from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
 
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 class ReplicaSettings:
     central_name: str
     central_namespace: str
-    stream_interval_s: float = 0.05
+    grouping: GroupingConfig = GroupingConfig()
     stats_interval_s: float = 0.5  # stats ride on the report long-poll at most this often
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
 
@@ -51,6 +53,7 @@ class LLMServer:
         self._seen_finished = 0
         self._last_snapshot = time.monotonic()
         self._live: dict[str, float | None] = {}  # stream id -> declared rate, for re-registering after a restart
+        self._active = 0  # streams being generated (the unpaced grouping budget is shared among them)
         self._poll = asyncio.get_running_loop().create_task(self._poll_loop())
 
     # ---- token path -------------------------------------------------------------------------------------------
@@ -63,23 +66,27 @@ class LLMServer:
             self._live[sid] = req.rate
             registered.append(loop.create_task(self._register(sid, req.rate)))
 
-        interval = self.settings.stream_interval_s
+        grouper = DeltaGrouper(self.settings.grouping,
+                               self.engine.config.default_rate if req.rate is None else req.rate)
         text: list[str] = []
-        n_new, last_emit = 0, None
+        n_new = 0
+        self._active += 1
         try:
             async for out in self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id,
                                                    on_added=on_added, rate=req.rate):
                 text.append(out.text)
                 n_new += len(out.token_ids)
                 now = time.monotonic()
-                if out.finished or last_emit is None or now - last_emit >= interval:
-                    if last_emit is None and registered:
+                if grouper.due(now, out.finished, self._active):
+                    if grouper.last_at is None and registered:
                         await registered[0]  # reports for this stream may follow its first token
                     yield Delta("".join(text), n_new, out.num_prompt_tokens, out.num_output_tokens,
                                 out.finished, out.finish_reason)
+                    grouper.sent_now(now, n_new)
                     text.clear()
-                    n_new, last_emit = 0, now
+                    n_new = 0
         finally:
+            self._active -= 1
             if self._live.pop(req.stream_id, None) is not None or registered:
                 self.central.deregister.remote(req.stream_id)
 

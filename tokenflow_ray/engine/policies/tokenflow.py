@@ -13,6 +13,14 @@ The greedy device set takes streams in that order while they fit; an adjacent-sw
 a smaller neighbour when that lets one more stream fit without displacing a buffer-critical one. A running
 stream outside the set is paused only if its buffer covers the switch: b ≥ μ·(τ_evict + τ_load + τ_schedule).
 The set is re-chosen every Δt, and only under stress (a stream waits, or some buffer is below T_critical).
+
+[extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
+(paper §7.1.3: weight 0 once the buffer passes 20% of the length), so once a running stream holds its target
+buffer (10% of its length, at most T_critical of reading, at least a few steps) it is skipped, unless reading pace
+would not finish it by D: when a work-conserving engine running at capacity Γ would have finished every live
+stream's remaining tokens. D only moves out by new work, never by pacing itself, so pacing cannot stretch the
+makespan past D by more than `pace_slack`; when memory is short, paused streams keep the device set turning as
+before.
 """
 
 from __future__ import annotations
@@ -34,9 +42,8 @@ class TokenFlowConfig:
     gamma: float = 1.0  # γ: weight of the buffer penalty against time kept waiting
     t_critical: float = 1.0  # seconds of buffer under which a stream is critical (stress trigger, penalty scale)
     overload_margin: float = 1.0  # fall back to FCFS when Σ rates > margin × Γ
-    # [extension] While some running stream's next token has value, skip (not preempt) running streams whose next
-    # token has none (buffer past 20% of their length): the step's compute goes where tokens still count.
-    hold_ahead: bool = False  # measured: off is better on the burst benchmark (docs in README)
+    pace: bool = True  # [extension] deadline-aware pacing (module docstring)
+    pace_slack: float = 0.05  # paced generation may end this fraction of the time to D after D
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
@@ -45,6 +52,8 @@ class TokenFlowConfig:
                 raise ValueError(f"tokenflow.{name}: must be a finite number > 0, got {value!r}")
         if not 0.0 <= self.lam < 1.0:  # λ = 1 would freeze the working set at its current size forever
             raise ValueError(f"tokenflow.lam: must be in [0, 1), got {self.lam!r}")
+        if not (isinstance(self.pace_slack, (int, float)) and 0 <= self.pace_slack <= 1):
+            raise ValueError(f"tokenflow.pace_slack: must be in [0, 1], got {self.pace_slack!r}")
         if not (math.isfinite(self.gamma) and self.gamma >= 0):
             raise ValueError(f"tokenflow.gamma: must be >= 0, got {self.gamma!r}")
 
@@ -58,6 +67,8 @@ class TokenFlowPolicy(SchedulingPolicy):
         self.config = config or TokenFlowConfig()
         self._last_rebalance = -math.inf
         self.overloaded = False
+        self.deadline = -math.inf  # D (pacing)
+        self._accounted: set[str] = set()  # live streams whose work D includes
 
     # ---- step 2: ranking ----------------------------------------------------------------------------------
     def utility(self, s: Stream, view: SchedulerView) -> float:
@@ -71,8 +82,9 @@ class TokenFlowPolicy(SchedulingPolicy):
         return c.gamma * penalty + self._next_token_value(s, view) * waited_s(s, view.now) / c.delta_t
 
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
-        self.overloaded = view.sum_rate > self.config.overload_margin * view.cost.decode_capacity_tok_s(
-            view.max_num_seqs)
+        capacity = view.cost.decode_capacity_tok_s(view.max_num_seqs)
+        self.overloaded = view.sum_rate > self.config.overload_margin * capacity
+        self._track_deadline(streams, view.now, capacity)
         if self.overloaded:
             return sorted(streams, key=arrival_key)
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
@@ -87,12 +99,33 @@ class TokenFlowPolicy(SchedulingPolicy):
             self._last_rebalance = view.now
         return stressed
 
+    # ---- pacing [extension] ---------------------------------------------------------------------------------
+    def _track_deadline(self, streams: Sequence[Stream], now: float, capacity: float) -> None:
+        remaining = {s.stream_id: s.sampling.max_tokens - s.num_output_tokens for s in streams}
+        new_work = sum(r for sid, r in remaining.items() if sid not in self._accounted)
+        self._accounted = set(remaining)
+        # New streams push D out by their work; a better capacity estimate may pull it in; time spent paced never
+        # pushes it out (that would let pacing stretch the makespan step by step).
+        self.deadline = min(max(self.deadline, now) + new_work / capacity, now + sum(remaining.values()) / capacity)
+
+    def pace_target_tokens(self, s: Stream, view: SchedulerView) -> float:
+        """Buffer a paced stream is held at: inside the weight-1 zone (10% of its length), at most T_critical of
+        reading, but never under four steps of reading (step jitter must not stall the reader)."""
+        length = s.sampling.max_tokens
+        return max(min(0.1 * length, s.rate * self.config.t_critical), s.rate * 4 * view.cost.step_s)
+
     def hold(self, running: Sequence[Stream], view: SchedulerView) -> set[str]:
-        if not self.config.hold_ahead or self.overloaded:
+        if not self.config.pace or self.overloaded:
             return set()
-        ahead = {s.stream_id for s in running if s.rate > 0 and s.first_token_time is not None
-                 and s.num_uncomputed_tokens == 1 and self._next_token_value(s, view) == 0.0}
-        return ahead if len(ahead) < len(running) else set()  # never idle the engine
+        time_left = (self.deadline - view.now) * (1 + self.config.pace_slack)
+        held = set()
+        for s in running:
+            if s.rate <= 0 or s.first_token_time is None or s.num_uncomputed_tokens != 1:
+                continue  # unpaced, not started, or mid-prefill
+            ahead = s.reader.buffer_at(view.now) >= self.pace_target_tokens(s, view)
+            if ahead and s.sampling.max_tokens - s.num_output_tokens <= time_left * s.rate:
+                held.add(s.stream_id)
+        return held
 
     def _next_token_value(self, s: Stream, view: SchedulerView) -> float:
         return effective_weight(s.reader.buffer_at(view.now), s.sampling.max_tokens)

@@ -48,14 +48,21 @@ def _all_gather(obj) -> list:
 
 def _average_grads(module: torch.nn.Module) -> None:
     # Why by hand: D is called several times per step (real, fake, and inside G's loss), which DDP's reducer does not
-    # expect; averaging its gradients once after backward is the same maths and has no such constraint.
+    # expect; averaging its gradients once after backward is the same maths and has no such constraint. One
+    # collective over a flat copy of all gradients: a gloo all-reduce costs ~0.5 ms however small, per call.
     world = _world()[1]
     if world == 1:
         return
-    for p in module.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= world
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def _build(cfg: TrainConfig, device):
