@@ -26,6 +26,12 @@ def test_paced_reader_interval_is_half_its_buffer_time_within_bounds():
     assert CFG.interval(20.0, sent=10, since_first_s=5.0, active_streams=1) == 0.05
 
 
+def test_paced_streams_share_the_replica_budget_too():
+    # 64 streams: 0.32 s by the budget, capped at 0.25 s, even with little buffer
+    assert CFG.interval(20.0, sent=2, since_first_s=0.05, active_streams=64) == 0.25
+    assert CFG.interval(20.0, sent=6, since_first_s=0.1, active_streams=20) == pytest.approx(0.1)
+
+
 def test_unpaced_streams_share_the_replica_budget():
     assert CFG.interval(0.0, sent=10, since_first_s=1.0, active_streams=2) == 0.05
     assert CFG.interval(None, sent=10, since_first_s=1.0, active_streams=32) == pytest.approx(0.16)

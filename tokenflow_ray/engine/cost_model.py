@@ -68,6 +68,10 @@ class CostModel:
     def t_recompute(self, num_tokens: int) -> float:
         return num_tokens * self._prefill.value
 
+    def realized_decode_tok_s(self) -> float:
+        """Decode tokens/s at the batch sizes actually being run (memory and arrivals limit them)."""
+        return max(self._decode_batch.value, 1.0) / max(self._decode_step.value, 1e-6)
+
     def decode_capacity_tok_s(self, max_batch: float) -> float:
         """Γ: tokens/s with max_batch streams decoding. Decode is bound by streaming the weights, so step time
         is taken as the measured decode step time, growing only with the part of the batch beyond what was seen."""

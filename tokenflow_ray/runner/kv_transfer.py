@@ -3,8 +3,9 @@
 One code path for CPU and GPU: a copy job runs on a dedicated thread while the model step runs, and the step
 joins it before returning, so every copy planned in a step is complete when its result is read (the scheduler
 sizes write-through to fit the step). On CUDA the job issues its copies on a side stream that first waits for
-earlier steps' work, from/to pinned host memory, and synchronises on an event; on CPU the copies are plain tensor
-copies that run in parallel with the model's kernels. Order inside a job: swap-out tails first (they gate freeing
+earlier steps' work, from/to pinned host memory, and synchronises on an event; on CPU the copies go through numpy
+views of the same memory: single-threaded and without the GIL, so they never start an OpenMP team beside the
+model's (two teams on a small box stall each other at barriers). Order inside a job: swap-out tails first (they gate freeing
 device blocks), then loads, then write-through.
 """
 
@@ -37,6 +38,7 @@ class KVTransfer:
         self.overlap = overlap
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-copy") if overlap else None
         self._stream = torch.cuda.Stream(device=device_kv.device) if cuda else None
+        self._np = None  # CPU: numpy views of both pools, made on first use
 
     def launch(self, plan: StepPlan) -> Future[CopyTiming] | CopyTiming:
         """Start the step's copies: on the copy thread (overlap), or now, blocking."""
@@ -73,16 +75,33 @@ class KVTransfer:
         return dev, host
 
     def _to_host(self, copies: tuple[BlockCopy, ...]) -> None:
+        if self.device_kv.device.type == "cpu":
+            dev_np, host_np = self._np_views()
+            host_np[:, :, [c.host_block for c in copies]] = dev_np[:, :, [c.device_block for c in copies]]
+            return
         dev, host = self._index(copies)
         blocks = self.device_kv.index_select(2, dev)
         self.host_kv.index_copy_(2, host, blocks.to("cpu", non_blocking=True))
 
     def _to_device(self, copies: tuple[BlockCopy, ...]) -> None:
+        if self.device_kv.device.type == "cpu":
+            dev_np, host_np = self._np_views()
+            dev_np[:, :, [c.device_block for c in copies]] = host_np[:, :, [c.host_block for c in copies]]
+            return
         dev, host = self._index(copies)
         blocks = self.host_kv.index_select(2, host)
         if self.device_kv.device.type == "cuda":
             blocks = blocks.pin_memory().to(self.device_kv.device, non_blocking=True)
         self.device_kv.index_copy_(2, dev, blocks)
+
+    def _np_views(self):
+        """numpy views sharing the pools' memory (bfloat16 has no numpy dtype: viewed as 2-byte integers)."""
+        if self._np is None:
+            def view(t: torch.Tensor):
+                return (t.view(torch.int16) if t.element_size() == 2 else t).numpy()
+
+            self._np = (view(self.device_kv), view(self.host_kv))
+        return self._np
 
     def _sync(self) -> None:
         if self._stream is not None:

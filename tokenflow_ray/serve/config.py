@@ -50,8 +50,8 @@ class ServeConfig:
     # stream_max_interval_s: half a paced reader's buffer time, or for unpaced streams a share of the replica's
     # stream_events_per_s (each SSE item costs ~1 ms of CPU across proxy, ingress and replica). See grouping.py.
     stream_interval_s: float = 0.05
-    stream_max_interval_s: float = 0.25
-    stream_events_per_s: float = 200.0
+    stream_max_interval_s: float = 0.5
+    stream_events_per_s: float = 150.0
     num_cpus: float = 1.0  # per replica (Ray also sets the replica's torch threads from it)
     num_gpus: float = 0.0  # per replica
     ingress_max_ongoing: int = 2048

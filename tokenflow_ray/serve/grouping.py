@@ -2,9 +2,11 @@
 adapts to the reader and to the replica's load.
 
 Each streamed item costs about a millisecond of CPU across replica, ingress and proxy (ray-notes §5), so items, not
-tokens, are what streaming overhead scales with. A paced reader with seconds of tokens in its buffer gains nothing
-from an item every 50 ms: its interval grows to half of its estimated buffer time. Unpaced streams share a
-replica-wide budget of items per second. Both stay within [min_interval_s, max_interval_s].
+tokens, are what streaming overhead scales with: all streams share a replica-wide budget of items per second (at
+64 streams an item every 50 ms each would take more than the whole CPU of a small box from the engine, which then
+feeds every reader late). A paced reader with seconds of tokens in its buffer gains nothing from frequent items
+either: its interval may grow to half of its estimated buffer time. Both stay within [min_interval_s,
+max_interval_s].
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 class GroupingConfig:
     min_interval_s: float = 0.05
     max_interval_s: float = 0.25
-    events_per_s: float = 200.0  # replica-wide budget of items for unpaced streams
+    events_per_s: float = 200.0  # replica-wide budget of items per second
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_interval_s <= self.max_interval_s <= 1:
@@ -25,11 +27,9 @@ class GroupingConfig:
             raise ValueError("stream_events_per_s: must be positive")
 
     def interval(self, rate: float | None, sent: int, since_first_s: float, active_streams: int) -> float:
+        wanted = active_streams / self.events_per_s
         if rate:  # the reader started on the first token; what it has not read yet is its buffer
-            buffer_s = max(0.0, sent / rate - since_first_s)
-            wanted = 0.5 * buffer_s
-        else:
-            wanted = active_streams / self.events_per_s
+            wanted = max(wanted, 0.5 * max(0.0, sent / rate - since_first_s))
         return min(self.max_interval_s, max(self.min_interval_s, wanted))
 
 

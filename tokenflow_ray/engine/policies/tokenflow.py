@@ -15,12 +15,12 @@ stream outside the set is paused only if its buffer covers the switch: b ≥ μ�
 The set is re-chosen every Δt, and only under stress (a stream waits, or some buffer is below T_critical).
 
 [extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
-(paper §7.1.3: weight 0 once the buffer passes 20% of the length), so once a running stream holds its target
-buffer (10% of its length, at most T_critical of reading, at least a few steps) it is skipped, unless reading pace
-would not finish it by D: when a work-conserving engine running at capacity Γ would have finished every live
-stream's remaining tokens. D only moves out by new work, never by pacing itself, so pacing cannot stretch the
-makespan past D by more than `pace_slack`; when memory is short, paused streams keep the device set turning as
-before.
+(paper §7.1.3: weight 0 once the buffer passes 20% of the length). D is when a work-conserving engine at its realized
+decode throughput would have finished every live stream's remaining tokens; a running stream that holds its target
+buffer (10% of its length, at most T_critical of reading, at least a few steps) and is ahead of the uniform
+schedule from its first token to D is skipped. D only moves out by new work, never by pacing itself, so pacing
+cannot stretch the makespan past D by more than `pace_slack`; when memory is short, paused streams keep the
+device set turning as before.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class TokenFlowConfig:
     gamma: float = 1.0  # γ: weight of the buffer penalty against time kept waiting
     t_critical: float = 1.0  # seconds of buffer under which a stream is critical (stress trigger, penalty scale)
     overload_margin: float = 1.0  # fall back to FCFS when Σ rates > margin × Γ
-    pace: bool = True  # [extension] deadline-aware pacing (module docstring)
+    pace: bool = False  # [extension] deadline-aware pacing (module docstring); off: see README
     pace_slack: float = 0.05  # paced generation may end this fraction of the time to D after D
 
     def __post_init__(self) -> None:
@@ -84,7 +84,9 @@ class TokenFlowPolicy(SchedulingPolicy):
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
         capacity = view.cost.decode_capacity_tok_s(view.max_num_seqs)
         self.overloaded = view.sum_rate > self.config.overload_margin * capacity
-        self._track_deadline(streams, view.now, capacity)
+        # D uses the throughput at the batches actually run: Γ at max_num_seqs overstates it when memory keeps
+        # the batch small, and an early D only disables pacing.
+        self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
         if self.overloaded:
             return sorted(streams, key=arrival_key)
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
@@ -115,15 +117,21 @@ class TokenFlowPolicy(SchedulingPolicy):
         return max(min(0.1 * length, s.rate * self.config.t_critical), s.rate * 4 * view.cost.step_s)
 
     def hold(self, running: Sequence[Stream], view: SchedulerView) -> set[str]:
+        """Skip a running stream this step when its reader holds its target buffer and the stream is ahead of the
+        uniform schedule that finishes it at D: generation leads reading by a buffer that grows evenly instead of
+        jumping far ahead at full speed (tokens far ahead have no effective value), and still ends by D."""
         if not self.config.pace or self.overloaded:
             return set()
-        time_left = (self.deadline - view.now) * (1 + self.config.pace_slack)
+        end = view.now + (self.deadline - view.now) * (1 + self.config.pace_slack)
         held = set()
         for s in running:
             if s.rate <= 0 or s.first_token_time is None or s.num_uncomputed_tokens != 1:
                 continue  # unpaced, not started, or mid-prefill
-            ahead = s.reader.buffer_at(view.now) >= self.pace_target_tokens(s, view)
-            if ahead and s.sampling.max_tokens - s.num_output_tokens <= time_left * s.rate:
+            span = end - s.first_token_time
+            on_schedule = s.sampling.max_tokens * min(1.0, (view.now - s.first_token_time) / span) if span > 0 \
+                else float(s.sampling.max_tokens)
+            if s.num_output_tokens >= on_schedule and \
+                    s.reader.buffer_at(view.now) >= self.pace_target_tokens(s, view):
                 held.add(s.stream_id)
         return held
 
