@@ -74,7 +74,8 @@ def test_andes_ttft_target_sets_when_a_waiting_stream_starts_losing_qoe():
 
 
 def test_pacing_holds_streams_at_their_target_buffer_unless_the_deadline_needs_them():
-    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow")
+    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow",
+                                 tokenflow=TokenFlowConfig(pace=True))
     ahead = engine.add_request([1] * 4, SamplingParams(max_tokens=40), rate=0.5)  # reader far behind
     behind = engine.add_request([2] * 4, SamplingParams(max_tokens=200), rate=50.0)  # reader keeps up
     for _ in range(12):
@@ -113,7 +114,8 @@ def test_pacing_deadline_grows_with_new_work_but_not_with_time_spent_paced():
 def test_pacing_serves_a_short_fast_reader_at_its_reading_pace_beside_a_long_stream():
     """Σ rates within capacity: the long, slow-reading stream sets D; the short stream whose reader is fast relative
     to its length is paced (held at its target buffer), and both finish with every block returned."""
-    engine, _ = make_fake_engine(num_blocks=256, block_size=4, num_host_blocks=64, policy="tokenflow")
+    engine, _ = make_fake_engine(num_blocks=256, block_size=4, num_host_blocks=64, policy="tokenflow",
+                                 tokenflow=TokenFlowConfig(pace=True))
     short = engine.add_request([1] * 4, SamplingParams(max_tokens=20), rate=40.0)
     engine.add_request([2] * 4, SamplingParams(max_tokens=400), rate=2.0)
     held_steps = 0

@@ -154,7 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("serve", help="the same streams through HTTP/SSE (Ray Serve) vs in-process")
     s.add_argument("--streams", type=int, default=32)
-    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--max-tokens", type=int, default=256, help="tokens per stream (fixed per-request HTTP cost weighs more on short streams)")
     s.add_argument("--runs", type=int, default=3, help="alternating runs per side; the median is reported")
     s.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     s.add_argument("--json", metavar="PATH")

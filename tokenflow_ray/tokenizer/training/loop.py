@@ -76,7 +76,9 @@ def _build(cfg: TrainConfig, device):
     raw = DualCodebookTokenizer(tok_cfg).to(device)
     # find_unused_parameters: the trainable tower's pooler/projection and a dropped scale's gain get no gradient.
     # broadcast_buffers=False: the usage window is per rank bookkeeping, not state to overwrite from rank 0.
-    model = prepare_model(raw, parallel_strategy_kwargs={"find_unused_parameters": True, "broadcast_buffers": False})
+    # gradient_as_bucket_view: gradients live in DDP's all-reduce buckets, no copy in and out each step.
+    model = prepare_model(raw, parallel_strategy_kwargs={"find_unused_parameters": True, "broadcast_buffers": False,
+                                                         "gradient_as_bucket_view": True})
     o = cfg.optim
     opt_g = torch.optim.Adam([p for p in raw.parameters() if p.requires_grad], lr=o.lr, betas=o.betas)
     disc = opt_d = None
