@@ -322,3 +322,4 @@ def test_env_install_failure_is_one_line_and_logged(tmp_path, monkeypatch):
     assert echoed == ["step one", "no such wheel"]  # pip's output is streamed, not swallowed
     log = (tmp_path / "peers" / "install.log").read_text().splitlines()
     assert log[-1] == "DONE 4" and vllm_env._log_state(tmp_path / "peers" / "install.log") == "done"
+

@@ -7,6 +7,29 @@ from pathlib import Path
 from tokenflow_ray.client.load import LoadResult
 
 
+def write_ttft_cdf(runs: dict[str, LoadResult], path: Path, title: str,
+                   colors: dict[str, str] | None = None) -> Path:
+    """One step curve per run: the fraction of its streams whose first token came within t."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, res in runs.items():
+        ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
+        if ttfts:
+            ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=name,
+                    color=(colors or {}).get(name))
+    ax.set(xlabel="TTFT (s)", ylabel="fraction of streams", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(runs: dict[str, LoadResult], out_dir: str | Path, streams_shown: int = 4) -> list[Path]:
     import matplotlib
 
@@ -17,18 +40,7 @@ def write_plots(runs: dict[str, LoadResult], out_dir: str | Path, streams_shown:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, res in runs.items():
-        ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
-        if ttfts:
-            ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=name)
-    ax.set(xlabel="TTFT (s)", ylabel="fraction of streams", title="Time to first token under a burst")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    paths.append(out / "ttft_cdf.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(write_ttft_cdf(runs, out / "ttft_cdf.png", "Time to first token under a burst"))
 
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), sharey=True, squeeze=False)
     for ax, (name, res) in zip(axes[0], runs.items()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenflow_ray.client.load import LoadResult
+from tokenflow_ray.serve.plots import write_ttft_cdf
 
 COLORS = {"fcfs": "tab:orange", "tokenflow": "tab:blue", "vllm": "tab:green"}
 
@@ -21,19 +22,7 @@ def write_peer_plots(runs: dict[str, LoadResult], report: dict, out_dir: str | P
     subtitle = f"{w['name']}, {w['streams']} streams x {w['max_tokens']} tokens"
     paths: list[Path] = []
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, res in runs.items():
-        ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
-        if ttfts:
-            ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=name,
-                    color=COLORS.get(name))
-    ax.set(xlabel="TTFT (s)", ylabel="fraction of streams", title=f"Time to first token ({subtitle})")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    paths.append(out / "ttft_cdf.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(write_ttft_cdf(runs, out / "ttft_cdf.png", f"Time to first token ({subtitle})", COLORS))
 
     systems = [(n, s) for n, s in report["systems"].items() if "error" not in s]
     fig, ax = plt.subplots(figsize=(6, 4))
