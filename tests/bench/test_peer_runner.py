@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.client_results import fake_load_result
 from tokenflow_ray.bench.peer import vllm_env
 from tokenflow_ray.bench.peer.peer_bench import PeerBenchConfig, kv_bytes_per_token, prompt_text
 from tokenflow_ray.bench.peer.vllm_env import PeerError
@@ -289,20 +290,8 @@ def test_env_install_commands_and_readiness(tmp_path):
 
 def test_plots_are_written(tmp_path):
     from tokenflow_ray.bench.peer.plots import write_peer_plots
-    from tokenflow_ray.client import LoadResult, StreamResult, StreamSpec
-    from tokenflow_ray.metrics.stream_metrics import StreamRecord
 
-    def run(delay: float) -> LoadResult:
-        results = []
-        for i in range(4):
-            rec = StreamRecord(f"s{i}", 0.1 * i, 20.0, 8)
-            for j in range(3):
-                rec.record_token(0.1 * i + delay + 0.05 * j, float(j))
-            results.append(StreamResult(StreamSpec("p", max_tokens=3, rate=20.0), f"s{i}", rec, num_tokens=3,
-                                        finish_reason="length"))
-        return LoadResult(results, 1.0)
-
-    runs = {"fcfs": run(0.5), "tokenflow": run(0.2)}
+    runs = {"fcfs": fake_load_result(0.5), "tokenflow": fake_load_result(0.2)}
     report = {"workload": {"name": "burst", "streams": 4, "max_tokens": 3},
               "systems": {"fcfs": {"raw_tput": 10.0, "effective_tput": 5.0},
                           "tokenflow": {"raw_tput": 12.0, "effective_tput": None}, "vllm": {"error": "x"}}}
