@@ -96,7 +96,8 @@ def test_pacing_holds_streams_at_their_target_buffer_unless_the_deadline_needs_t
 
 
 def test_pacing_deadline_grows_with_new_work_but_not_with_time_spent_paced():
-    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow")
+    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow",
+                                 tokenflow=TokenFlowConfig(pace=True))
     engine.add_request([1] * 4, SamplingParams(max_tokens=100), rate=5.0)
     engine.step()
     policy = engine.scheduler.policy

@@ -80,7 +80,7 @@ def _policies(args: argparse.Namespace) -> int:
                             kv_fraction=args.kv_fraction, length_scale=args.length_scale, seed=args.seed,
                             repeats=args.repeats,
                             policies=tuple(p for p in args.policies.split(",") if p),
-                            tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu, pace=not args.no_pace))
+                            tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu, pace=args.pace))
     out, artifacts = run_policy_bench(cfg, ablation=args.ablation)
     if args.plots:
         out["plots"] = write_policy_plots(artifacts, args.plots)
@@ -110,7 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default="fcfs,andes,tokenflow")
     p.add_argument("--delta-t", type=float, default=0.2, help="tokenflow: seconds between working-set decisions")
     p.add_argument("--mu", type=float, default=2.0, help="tokenflow: buffer conservativeness")
-    p.add_argument("--no-pace", action="store_true", help="tokenflow: no deadline-aware pacing")
+    p.add_argument("--pace", action="store_true", help="tokenflow: deadline-aware pacing (off by default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="median over this many runs")
     p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")

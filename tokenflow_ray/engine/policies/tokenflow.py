@@ -86,7 +86,8 @@ class TokenFlowPolicy(SchedulingPolicy):
         self.overloaded = view.sum_rate > self.config.overload_margin * capacity
         # D uses the throughput at the batches actually run: Γ at max_num_seqs overstates it when memory keeps
         # the batch small, and an early D only disables pacing.
-        self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
+        if self.config.pace:
+            self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
         if self.overloaded:
             return sorted(streams, key=arrival_key)
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
