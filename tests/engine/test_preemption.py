@@ -67,6 +67,26 @@ def test_write_through_makes_preemption_cheaper_than_write_on_preempt():
     assert mean[True] * 5 <= mean[False]
 
 
+@pytest.mark.parametrize("write_through", [True, False])
+def test_without_write_through_every_preemption_copies_the_whole_stream(write_through):
+    """Swap semantics when write-through is off: a load drops the host copy, so each later preemption copies every
+    block again; with write-through the host copy stays the mirror and a preemption copies only the unsynced tail."""
+    engine, runner = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=256, policy="tokenflow",
+                                      resume_mode="load", write_through=write_through)
+    prompt = list(range(1, 30))
+    sid = engine.add_request(prompt, SamplingParams(max_tokens=120), rate=5.0)
+    tokens, plans = _drive(engine, on_step=lambda i: i % 20 == 19 and _force_pause(engine, sid))
+    assert tokens[sid] == runner.reference(prompt, 120)
+    swaps = [len(p.swap_out) for p in plans if p.swap_out]
+    assert len(swaps) >= 4
+    blocks_then = [-(-(len(prompt) + 20 * (k + 1)) // 4) for k in range(len(swaps))]  # roughly the stream's size
+    if write_through:
+        assert max(swaps) <= 2  # the partial last block (and at most one not yet mirrored)
+    else:
+        assert all(n >= 0.8 * b for n, b in zip(swaps[1:], blocks_then[1:]))
+    assert engine.scheduler.kv.host.num_free == engine.scheduler.kv.host.num_blocks
+
+
 def test_host_store_full_falls_back_to_recompute():
     engine, runner = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=2, policy="tokenflow")
     prompt = list(range(1, 20))

@@ -83,6 +83,42 @@ def test_paused_stream_resumes_before_its_buffer_runs_dry():
     assert stream.reader.stall_time_at(engine.clock.now()) == 0.0  # its reader never waited
 
 
+def engine_step_s() -> float:
+    return make_fake_engine()[1].step_cost_s
+
+
+def _slots_full(num_new: int, delta_t: float = 0.1, b_rate: float = 40.0):
+    """Two running streams fill max_num_seqs=2 with memory to spare; A's buffer is full, B's empty (at b_rate 40)."""
+    engine, _ = make_fake_engine(num_blocks=256, block_size=4, num_host_blocks=256, policy="tokenflow",
+                                 max_num_seqs=2, max_num_batched_tokens=16,
+                                 tokenflow=TokenFlowConfig(delta_t=delta_t, mu=2.0))
+    a = engine.add_request([1] * 8, SamplingParams(max_tokens=400), rate=2.0)
+    b = engine.add_request([2] * 8, SamplingParams(max_tokens=400), rate=b_rate)
+    _steps(engine, 20)
+    new = [engine.add_request([3 + i] * 12, SamplingParams(max_tokens=50), rate=20.0) for i in range(num_new)]
+    return engine, a, b, new
+
+
+def test_sequence_slots_not_only_memory_make_room_for_a_new_stream():
+    engine, a, b, (c,) = _slots_full(1)
+    assert engine.scheduler.pool.num_free > 200  # memory forces nothing
+    _steps(engine, 2)
+    assert _status(engine, a) == StreamStatus.PREEMPTED  # the full buffer gives its slot
+    assert _status(engine, b) == StreamStatus.RUNNING
+    assert engine.scheduler.streams[c].first_token_time is not None
+
+
+def test_rebalance_pauses_only_for_streams_it_can_start_before_the_next_one():
+    # 16 tokens a step and a 12-token prompt: with Δt of one (fake) step, one new stream can start before the next
+    # rebalance, so only one running stream is paused although two new streams rank above both and both running
+    # buffers are full.
+    engine, a, b, new = _slots_full(2, delta_t=engine_step_s(), b_rate=2.0)
+    paused = engine.scheduler._rebalance(
+        engine.scheduler.policy.rank(list(engine.scheduler.streams.values()), _policy_view(engine)),
+        _policy_view(engine))
+    assert len(paused) == 1
+
+
 def _policy_view(engine):
     return engine.scheduler.view(engine.clock.now())
 

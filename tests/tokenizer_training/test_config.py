@@ -20,6 +20,7 @@ def test_shipped_configs_load(name):
 
 @pytest.mark.parametrize("section,values,match", [
     ("optim", {"lr": -1e-4}, "optim.lr must be a positive number"),
+    ("optim", {"accum_steps": 0}, "optim.accum_steps must be an integer >= 1"),
     ("model", {"codebook_size": 0}, r"codebook_size \(K\) must be a positive integer"),
     ("model", {"codebook_size": -5}, r"codebook_size \(K\) must be a positive integer"),
     ("model", {"teacher": "dino"}, "unknown teacher 'dino'"),

@@ -41,7 +41,16 @@ class FakeRunner:
         copies = len(plan.swap_out) + len(plan.write_through) + len(plan.swap_in)
         return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=self.step_cost_s if not plan.is_empty else 0,
                           copy_s=copies * self.copy_cost_s, copy_bytes=copies * self.info.kv_bytes_per_token * bs,
-                          swap_out_s=len(plan.swap_out) * self.copy_cost_s)
+                          swap_out_s=self._swap_out_times(plan))
+
+    def _swap_out_times(self, plan: StepPlan) -> dict[str, float]:
+        """Tails copied one stream after another, in plan order, at copy_cost_s a block."""
+        done: dict[str, float] = {}
+        elapsed = 0.0
+        for c in plan.swap_out:
+            elapsed += self.copy_cost_s
+            done[c.stream_id] = elapsed
+        return done
 
     def next_token(self, context: list[int]) -> int:
         """The reference 'model': a deterministic function of the whole context."""

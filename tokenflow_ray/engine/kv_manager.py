@@ -97,8 +97,12 @@ class KVManager:
             self._in.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
         return True
 
-    def finish_load(self, stream: Stream) -> None:
+    def finish_load(self, stream: Stream, keep_host_copy: bool = True) -> None:
+        """The load landed. Without write-through the host copy is dropped (swap semantics: the KV lives in one
+        place, and the next preemption copies every block again); with it, it stays the mirror of the prefix."""
         stream.num_computed_tokens = stream.num_host_tokens
+        if not keep_host_copy:
+            self.release_host(stream)
 
     # ---- write-through ----------------------------------------------------------------------------------------
     def unsynced_full_blocks(self, stream: Stream) -> int:

@@ -63,5 +63,6 @@ class StepResult:
     compute_s: float = 0.0  # the model step alone
     copy_s: float = 0.0  # the copy job alone (runs beside the model step when overlapped)
     copy_bytes: int = 0
-    swap_out_s: float = 0.0  # from the step's start until the swap-out tail was on the host (0: none)
+    # Preempted stream -> seconds from the step's start until its swap-out tail was on the host.
+    swap_out_s: dict[str, float] = field(default_factory=dict)
     step_s: float = 0.0  # the whole execute call

@@ -4,7 +4,7 @@ No prefill/decode phases: each step every scheduled stream gets tokens so that i
 its total (vLLM v1's rule), under a per-step token budget. One step, in order:
 1. Rebalance (proactive policies, when the policy says so): take the policy's ranking, choose greedily the streams
    that should hold the device, and pause running streams outside that set that the policy lets go, as many as
-   the incoming ones need.
+   the incoming ones need (blocks and sequence slots).
 2. Serve running streams in rank order; when one cannot grow, the lowest-ranked unserved running stream is
    preempted (memory-forced).
 3. Unless memory forced a preemption (so a full pool does not thrash), admit or resume streams in rank order:
@@ -41,7 +41,7 @@ class Scheduler:
         self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size)
         self.streams: dict[str, Stream] = {}  # live (unfinished) streams
         # Preemption cost (decision -> device blocks free), per block of each swap-out preemption: mirrored blocks
-        # are free at the decision (0); tail blocks when their copy to the host is done (StepResult.swap_out_s).
+        # are free at the decision (0); tail blocks when their own copy to the host is done (StepResult.swap_out_s).
         self.preempt_costs_s: list[float] = []  # per preemption: block-weighted mean time to free its blocks
         self.preempt_tail_s: list[float] = []  # per preemption: time until its last block was free
         self._swap_blocks: dict[str, tuple[int, int]] = {}  # stream -> (freed at once, tail) for this plan
@@ -180,17 +180,36 @@ class Scheduler:
                 used += need
         chosen = self.policy.refine(chosen, ranked, view)
         members = {s.stream_id for s in chosen}
-        incoming = sum(self.pool.blocks_for_tokens(s.num_tokens + 1) for s in chosen if s.status not in _ACTIVE)
-        deficit = incoming - self.pool.num_free
+        incoming = self._admissible_before_next_rebalance([s for s in chosen if s.status not in _ACTIVE],
+                                                          len(chosen), view)
+        # The incoming streams need blocks and sequence slots: the set is capped by max_num_seqs as well as memory.
+        deficit = sum(self.pool.blocks_for_tokens(s.num_tokens + 1) for s in incoming) - self.pool.num_free
+        slots = len(self.by_status(*_ACTIVE)) + len(incoming) - self.config.max_num_seqs
         paused: list[str] = []
         for s in reversed(ranked):
-            if deficit <= 0:
+            if deficit <= 0 and slots <= 0:
                 break
             if s.status == StreamStatus.RUNNING and s.stream_id not in members and self.policy.may_preempt(s, view):
                 deficit -= len(s.block_ids)
+                slots -= 1
                 self._preempt(s, view)
                 paused.append(s.stream_id)
         return paused
+
+    def _admissible_before_next_rebalance(self, incoming: list[Stream], set_size: int,
+                                          view: SchedulerView) -> list[Stream]:
+        """The incoming streams (rank order) whose prefill the steps until the next rebalance can take: pausing
+        a running stream for one that cannot start yet only stalls its reader."""
+        steps = max(1.0, self.policy.rebalance_interval_s / max(view.cost.step_s, 1e-4))
+        per_step = max(1, self.config.max_num_batched_tokens - (set_size - len(incoming)))  # decodes come first
+        budget = steps * per_step
+        taken: list[Stream] = []
+        for s in incoming:
+            budget -= s.num_uncomputed_tokens
+            if taken and budget < 0:
+                break
+            taken.append(s)
+        return taken
 
     def _admit(self, ranked: list[Stream], view: SchedulerView, budget: int, scheduled: set[str],
                prefills: list[ScheduledChunk], new_streams: list[tuple[str, SamplingParams]],
@@ -257,13 +276,13 @@ class Scheduler:
         for sid in {c.stream_id for c in plan.swap_in}:
             stream = self.streams.get(sid)
             if stream is not None and stream.status == StreamStatus.LOADING:
-                self.kv.finish_load(stream)
+                self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
                 stream.status = StreamStatus.RUNNING
         swaps, self._swap_blocks = self._swap_blocks, {}
         for sid in plan.preempted:
             if sid in swaps:
                 now_blocks, tail = swaps[sid]
-                tail_s = result.swap_out_s if tail else 0.0
+                tail_s = result.swap_out_s.get(sid, 0.0) if tail else 0.0
                 self.preempt_tail_s.append(tail_s)
                 self.preempt_costs_s.append(tail_s * tail / max(1, now_blocks + tail))
         self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes

@@ -5,8 +5,12 @@ joins it before returning, so every copy planned in a step is complete when its 
 sizes write-through to fit the step). On CUDA the job issues its copies on a side stream that first waits for
 earlier steps' work, from/to pinned host memory, and synchronises on an event; on CPU the copies go through numpy
 views of the same memory: single-threaded and without the GIL, so they never start an OpenMP team beside the
-model's (two teams on a small box stall each other at barriers). Order inside a job: swap-out tails first (they gate freeing
-device blocks), then loads, then write-through.
+model's (two teams on a small box stall each other at barriers).
+
+Swap-out tails gate freeing device blocks, so they are issued at launch on the caller's thread, before the step's
+compute: on CPU they are a few blocks copied in tens of microseconds, where a hand-off to the copy thread would cost
+a thread wake and a GIL hand-over (about a millisecond under a running step); on CUDA they go first on the side
+stream. Loads and write-through then run on the copy thread.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from tokenflow_ray.engine.plan import BlockCopy, StepPlan
 @dataclass(frozen=True)
 class CopyTiming:
     copy_s: float  # the job's own duration
-    swap_out_done: float  # perf_counter time when the swap-out tails were on the host (0.0: none)
+    swap_out_done: dict[str, float]  # preempted stream -> perf_counter time when its tail was on the host
     num_blocks: int
 
 
@@ -41,33 +45,56 @@ class KVTransfer:
         self._np = None  # CPU: numpy views of both pools, made on first use
 
     def launch(self, plan: StepPlan) -> Future[CopyTiming] | CopyTiming:
-        """Start the step's copies: on the copy thread (overlap), or now, blocking."""
+        """Copy the swap-out tails now, then start loads and write-through (on the copy thread when overlapping)."""
+        t0 = time.perf_counter()
         if self._stream is not None:  # the side stream must see KV written by earlier steps
             self._stream.wait_stream(torch.cuda.current_stream(self.device_kv.device))
+        tails = self._swap_out_tails(plan.swap_out)
+        inline_s = time.perf_counter() - t0
         if self._pool is None:
-            return self._run(plan)
-        return self._pool.submit(self._run, plan)
+            return self._run(plan, inline_s, tails)
+        return self._pool.submit(self._run, plan, inline_s, tails)
 
     @staticmethod
     def wait(handle: Future[CopyTiming] | CopyTiming) -> CopyTiming:
         return handle.result() if isinstance(handle, Future) else handle
 
-    def _run(self, plan: StepPlan) -> CopyTiming:
-        t0 = time.perf_counter()
-        ctx = torch.cuda.stream(self._stream) if self._stream is not None else _nullcontext()
-        swap_out_done = 0.0
-        with torch.inference_mode(), ctx:
-            if plan.swap_out:
-                self._to_host(plan.swap_out)
-                self._sync()
-                swap_out_done = time.perf_counter()
+    def _swap_out_tails(self, copies: tuple[BlockCopy, ...]) -> dict[str, float | torch.cuda.Event]:
+        """One stream's tail after another, shortest first (the mean wait for freed blocks is then least).
+        CPU: each stream's completion time; CUDA: an event per stream, for the copy thread to wait on."""
+        by_stream: dict[str, list[BlockCopy]] = {}
+        for c in copies:
+            by_stream.setdefault(c.stream_id, []).append(c)
+        done: dict[str, float | torch.cuda.Event] = {}
+        with torch.inference_mode(), self._on_side_stream():
+            for sid, tail in sorted(by_stream.items(), key=lambda item: len(item[1])):
+                self._to_host(tuple(tail))
+                if self._stream is None:
+                    done[sid] = time.perf_counter()
+                else:
+                    done[sid] = event = torch.cuda.Event()
+                    event.record(self._stream)
+        return done
+
+    def _run(self, plan: StepPlan, inline_s: float, tails: dict[str, float | torch.cuda.Event]) -> CopyTiming:
+        t0 = time.perf_counter()  # copy_s counts copying, not the wait for this thread to start
+        swap_out_done: dict[str, float] = {}
+        for sid, done in tails.items():
+            if not isinstance(done, float):
+                done.synchronize()
+                done = time.perf_counter()
+            swap_out_done[sid] = done
+        with torch.inference_mode(), self._on_side_stream():
             if plan.swap_in:
                 self._to_device(plan.swap_in)
             if plan.write_through:
                 self._to_host(plan.write_through)
             self._sync()
         n = len(plan.swap_out) + len(plan.swap_in) + len(plan.write_through)
-        return CopyTiming(copy_s=time.perf_counter() - t0, swap_out_done=swap_out_done, num_blocks=n)
+        return CopyTiming(copy_s=inline_s + time.perf_counter() - t0, swap_out_done=swap_out_done, num_blocks=n)
+
+    def _on_side_stream(self):
+        return torch.cuda.stream(self._stream) if self._stream is not None else _nullcontext()
 
     def _index(self, copies: tuple[BlockCopy, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         dev = torch.tensor([c.device_block for c in copies], dtype=torch.long, device=self.device_kv.device)
@@ -77,7 +104,8 @@ class KVTransfer:
     def _to_host(self, copies: tuple[BlockCopy, ...]) -> None:
         if self.device_kv.device.type == "cpu":
             dev_np, host_np = self._np_views()
-            host_np[:, :, [c.host_block for c in copies]] = dev_np[:, :, [c.device_block for c in copies]]
+            for c in copies:  # slice by slice: one pass over memory (fancy indexing gathers into a temporary)
+                host_np[:, :, c.host_block] = dev_np[:, :, c.device_block]
             return
         dev, host = self._index(copies)
         blocks = self.device_kv.index_select(2, dev)
@@ -86,7 +114,8 @@ class KVTransfer:
     def _to_device(self, copies: tuple[BlockCopy, ...]) -> None:
         if self.device_kv.device.type == "cpu":
             dev_np, host_np = self._np_views()
-            dev_np[:, :, [c.device_block for c in copies]] = host_np[:, :, [c.host_block for c in copies]]
+            for c in copies:
+                dev_np[:, :, c.device_block] = host_np[:, :, c.host_block]
             return
         dev, host = self._index(copies)
         blocks = self.host_kv.index_select(2, host)

@@ -94,7 +94,7 @@ class TorchModelRunner:
         timing = KVTransfer.wait(copies)  # copies planned in a step are complete when its result is read
         return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute_s, copy_s=timing.copy_s,
                           copy_bytes=timing.num_blocks * self.transfer.block_bytes,
-                          swap_out_s=max(0.0, timing.swap_out_done - t0) if timing.swap_out_done else 0.0,
+                          swap_out_s={sid: max(0.0, done - t0) for sid, done in timing.swap_out_done.items()},
                           step_s=time.perf_counter() - t0)
 
     def _forward(self, plan: StepPlan) -> dict[str, int]:

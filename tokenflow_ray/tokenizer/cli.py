@@ -54,9 +54,9 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(codebook_size=args.codebook_size, num_tokens=args.tokens, threads=args.threads)
     result = run_bench(cfg)
     if args.train:  # Ray Train images/s with 1 vs 2 workers + step vs data-wait time (training/bench.py)
-        from .training.bench import measure_train_throughput
+        from .training.bench import TrainBenchConfig, measure_train_throughput
 
-        result.update(measure_train_throughput())
+        result.update(measure_train_throughput(TrainBenchConfig(accum_steps=args.accum_steps)))
     _write_json(args.json, result)
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=2))
     return 0
@@ -78,6 +78,8 @@ def register(subparsers) -> None:
                    help="torch threads for both methods (default 1: the box is shared, see docs/tokenizer.md)")
     b.add_argument("--train", action="store_true",
                    help="also measure Ray Train images/s at the tiny config with 1 and 2 workers (train_images_s)")
+    b.add_argument("--accum-steps", type=_positive, default=1,
+                   help="with --train: micro-batches per optimiser step (one gradient all-reduce per step)")
     b.set_defaults(handler=_bench)
 
     try:

@@ -45,6 +45,11 @@ class SchedulingPolicy(ABC):
         """Whether to re-choose which streams hold the device this step (proactive policies only)."""
         return False
 
+    @property
+    def rebalance_interval_s(self) -> float:
+        """Seconds between rebalances (0: any step may rebalance)."""
+        return 0.0
+
     def may_preempt(self, stream: Stream, view: SchedulerView) -> bool:
         """Whether a running stream may be paused to make room for higher-ranked ones."""
         return False

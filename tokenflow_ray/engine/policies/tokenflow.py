@@ -92,6 +92,10 @@ class TokenFlowPolicy(SchedulingPolicy):
             return sorted(streams, key=arrival_key)
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
 
+    @property
+    def rebalance_interval_s(self) -> float:
+        return self.config.delta_t
+
     def should_rebalance(self, streams: Sequence[Stream], view: SchedulerView) -> bool:
         if self.overloaded or view.now - self._last_rebalance < self.config.delta_t:
             return False

@@ -21,12 +21,14 @@ class TrainBenchConfig:
     workers: tuple[int, ...] = (1, 2)
     map_workers: int = 1
     map_cpus: float = 0.25
+    accum_steps: int = 1  # micro-batches per optimiser step (one gradient all-reduce each)
 
     def __post_init__(self) -> None:
         if self.steps < 4 or self.steps % 2:
             raise ValueError(f"steps must be an even number >= 4, got {self.steps}")
-        if self.batch_size < 1 or self.num_images < 1 or not self.workers or min(self.workers) < 1:
-            raise ValueError("batch_size, num_images and worker counts must be >= 1")
+        if self.batch_size < 1 or self.num_images < 1 or not self.workers or min(self.workers) < 1 \
+                or self.accum_steps < 1:
+            raise ValueError("batch_size, num_images, accum_steps and worker counts must be >= 1")
 
 
 def measure_train_throughput(cfg: TrainBenchConfig | None = None, storage_dir: str | None = None) -> dict:
@@ -38,9 +40,11 @@ def measure_train_throughput(cfg: TrainBenchConfig | None = None, storage_dir: s
     per: dict[int, dict] = {}
     for n in cfg.workers:
         train_cfg = TrainConfig().replace(
-            data={"source": "digits", "num_images": cfg.num_images, "image_size": 16, "batch_size": cfg.batch_size,
+            # One epoch covers the run (x accum_steps): an epoch boundary restarts the pipeline mid-measurement.
+            data={"source": "digits", "num_images": cfg.num_images * cfg.accum_steps, "image_size": 16,
+                  "batch_size": cfg.batch_size,
                   "map_workers": cfg.map_workers, "map_cpus": cfg.map_cpus},
-            optim={"lr": 1e-3, "ema_decay": 0.99},
+            optim={"lr": 1e-3, "ema_decay": 0.99, "accum_steps": cfg.accum_steps},
             schedule={"steps": cfg.steps, "log_every": cfg.steps // 2, "checkpoint_every": cfg.steps},
             scaling={"num_workers": n, "cpus_per_worker": 0.5, "torch_threads": 1, "max_failures": 0},
             run={"name": f"bench-{n}w", "storage_path": storage})

@@ -88,8 +88,12 @@ class OptimSettings:
     ema_decay: float = 0.9999  # 0 disables the EMA copy
     gan: bool = True  # train the PatchGAN discriminator (second optimiser) once gan_start_step is reached
     gan_start_step: int | None = None  # None keeps the preset's (paper: 20000; tiny: 0)
+    # Micro-batches summed into each optimiser step: one gradient all-reduce per accum_steps micro-batches.
+    accum_steps: int = 1
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.accum_steps, int) and self.accum_steps >= 1,
+               f"optim.accum_steps must be an integer >= 1, got {self.accum_steps!r}")
         for name in ("lr", "disc_lr"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
@@ -103,7 +107,7 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class ScheduleSettings:
-    steps: int = 20  # total optimiser steps (global; each step consumes batch_size images per worker)
+    steps: int = 20  # total optimiser steps (global; each consumes accum_steps x batch_size images per worker)
     log_every: int = 5  # report metrics every N steps
     checkpoint_every: int = 10  # checkpoint every N steps (and at the end)
     keep_checkpoints: int = 2

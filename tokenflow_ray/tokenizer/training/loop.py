@@ -1,7 +1,8 @@
 """The per-worker training loop run by Ray Train's TorchTrainer.
 
-Per step: generator (the tokenizer, DDP) forward + backward + Adam, EMA update; then, once the GAN is active, a
-discriminator step with its own Adam. Each `log_every` steps every rank calls `ray.train.report` with metrics
+Per step: generator (the tokenizer, DDP) forward + backward over `optim.accum_steps` micro-batches (gradients
+all-reduced once, on the last), Adam, EMA update; once the GAN is active, the discriminator's gradients on the same
+micro-batches, averaged over ranks in one collective, and its own Adam step. Each `log_every` steps every rank calls `ray.train.report` with metrics
 all-reduced over ranks (per-term losses, codebook usage, images/s, step vs data-wait time, skipped images, which nodes
 the workers run on); every `checkpoint_every` steps rank 0 also attaches a checkpoint. On start the loop resumes from
 `ray.train.get_checkpoint()` (a rerun with the same run name and storage, or a FailureConfig restart).
@@ -9,6 +10,7 @@ the workers run on); every `checkpoint_every` steps rank 0 also attaches a check
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -126,31 +128,50 @@ def train_loop(loop_config: dict) -> dict:
     shard = ray.train.get_dataset_shard("train")
     step, epoch, skip = state.step, state.epoch, state.batch_in_epoch
     prev_x = None
+    accum = cfg.optim.accum_steps
     while step < cfg.schedule.steps:
         batch_in_epoch = 0
         it = iter(shard.iter_torch_batches(batch_size=cfg.data.batch_size, drop_last=True, device=device))
         while step < cfg.schedule.steps:
             t0 = time.perf_counter()
-            batch = next(it, None)
-            if batch is None:
-                break
-            batch_in_epoch += 1
-            if batch_in_epoch <= skip:  # data position: batches this epoch consumed before the checkpoint
-                continue
+            group = []
+            while len(group) < accum and (batch := next(it, None)) is not None:
+                batch_in_epoch += 1
+                if batch_in_epoch > skip:  # data position: batches this epoch consumed before the checkpoint
+                    group.append(batch)
+            if len(group) < accum:
+                break  # epoch end; a partial group is dropped (every rank's shard has the same batch count)
             t1 = time.perf_counter()
-            valid = batch["valid"].bool()
-            x = batch["image"][valid]
-            meter.skipped += int((~valid).sum())
-            if x.shape[0] == 0:
-                # Why reuse: every rank must run the same number of DDP steps, even if its whole batch was corrupt.
-                x = prev_x if prev_x is not None else batch["image"]
-            prev_x = x
+            xs = []
+            for batch in group:
+                valid = batch["valid"].bool()
+                x = batch["image"][valid]
+                meter.skipped += int((~valid).sum())
+                if x.shape[0] == 0:
+                    # Why reuse: every rank must run the same number of DDP steps, even if its whole batch was corrupt.
+                    x = prev_x if prev_x is not None else batch["image"]
+                prev_x = x
+                xs.append(x)
             use_gan = disc is not None and gan_active(tok_cfg.loss, step)
-            if use_gan:
-                disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
-            out = model(x, step=step, discriminator=disc if use_gan else None)
             opt_g.zero_grad(set_to_none=True)
-            out.loss.backward()
+            if use_gan:
+                opt_d.zero_grad(set_to_none=True)
+            terms = dict.fromkeys(LOSS_TERMS, 0.0)
+            for i, x in enumerate(xs):
+                # DDP all-reduces on the last micro-batch's backward only; earlier ones accumulate locally.
+                sync = i == len(xs) - 1 or not hasattr(model, "no_sync")
+                if use_gan:
+                    disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
+                with contextlib.nullcontext() if sync else model.no_sync():
+                    out = model(x, step=step, discriminator=disc if use_gan else None)
+                    (out.loss / len(xs)).backward()
+                for k in LOSS_TERMS:
+                    terms[k] += float(getattr(out, k).detach()) / len(xs)
+                if use_gan:
+                    disc.requires_grad_(True)
+                    d = discriminator_loss(disc, x, out.recon_BCHW)  # fakes of this step's G, as without accumulation
+                    (d.loss / len(xs)).backward()
+                    terms["disc_loss"] = terms.get("disc_loss", 0.0) + float(d.loss) / len(xs)
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.optim.grad_clip)
             opt_g.step()
@@ -159,17 +180,12 @@ def train_loop(loop_config: dict) -> dict:
                     for name, p in raw.named_parameters():
                         if name in ema:
                             ema[name].lerp_(p.detach(), 1 - cfg.optim.ema_decay)
-            terms = {k: float(getattr(out, k).detach()) for k in LOSS_TERMS}
             if use_gan:
-                disc.requires_grad_(True)
-                d = discriminator_loss(disc, x, out.recon_BCHW)
-                opt_d.zero_grad(set_to_none=True)
-                d.loss.backward()
                 _average_grads(disc)
                 opt_d.step()
-                terms["disc_loss"] = float(d.loss)
             step += 1
-            meter.add(terms, images=x.shape[0], wait_s=t1 - t0, step_s=time.perf_counter() - t1, usage=out.usage)
+            meter.add(terms, images=sum(x.shape[0] for x in xs), wait_s=t1 - t0, step_s=time.perf_counter() - t1,
+                      usage=out.usage)
             last = step == cfg.schedule.steps
             if step % cfg.schedule.log_every and step % cfg.schedule.checkpoint_every and not last:
                 continue
