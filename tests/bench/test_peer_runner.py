@@ -194,6 +194,7 @@ def test_driver_interrupted_or_terminated_cleans_up(tmp_path, fake, sig):
     ({"prompt_len": 600, "max_tokens": 256}, "max_model_len"),
     ({"host_blocks": -1}, "host_blocks"),
     ({"threads": 0}, "threads"),
+    ({"repeats": 0}, "repeats"),
 ])
 def test_config_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -228,6 +229,16 @@ def test_specs_are_seeded_and_match_the_workload(workload):
         assert starts[-1] < cfg.burst_s
     rates = sorted({s.rate for s in specs})
     assert rates == ([15.0, 20.0] if workload == "mixed" else [20.0])
+
+
+def test_median_summary_takes_medians_and_keeps_rounds():
+    from tokenflow_ray.bench.peer.peer_bench import median_summary
+
+    rounds = [{"ttft_p99_s": t, "effective_tput": e, "raw_tput": r, "stall_s": 0.0, "errors": {}, "complete": 8}
+              for t, e, r in [(3.0, 100.0, 900.0), (1.0, 300.0, 1100.0), (2.0, 200.0, 1000.0)]]
+    m = median_summary(rounds)
+    assert (m["ttft_p99_s"], m["effective_tput"], m["raw_tput"], m["complete"]) == (2.0, 200.0, 1000.0, 8)
+    assert m["rounds"]["raw_tput"] == [900.0, 1100.0, 1000.0] and m["errors"] == {}
 
 
 def test_prompt_text_exact_length():

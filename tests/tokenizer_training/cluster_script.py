@@ -33,7 +33,8 @@ def main() -> None:
             optim={"lr": 1e-3, "ema_decay": 0.9},
             schedule={"steps": 8, "log_every": 4, "checkpoint_every": 8},
             # SPREAD: one worker per raylet. Both raylets share this machine's disk, standing in for shared storage.
-            scaling={"num_workers": 2, "cpus_per_worker": 0.5, "placement_strategy": "SPREAD"},
+            # torch DDP here (the flat sync is what the single-node test runs): both gradient paths cross nodes.
+            scaling={"num_workers": 2, "cpus_per_worker": 0.5, "placement_strategy": "SPREAD", "grad_sync": "ddp"},
             run={"name": "cluster", "storage_path": str(tmp / "runs")})
         run = run_training(cfg, show_progress=False)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])

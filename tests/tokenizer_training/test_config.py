@@ -31,6 +31,7 @@ def test_shipped_configs_load(name):
     ("scaling", {"num_workers": 1.5}, "num_workers must be an integer >= 1"),
     ("scaling", {"cpus_per_worker": 0}, "cpus_per_worker must be > 0"),
     ("scaling", {"placement_strategy": "RANDOM"}, "placement_strategy"),
+    ("scaling", {"grad_sync": "allgather"}, "scaling.grad_sync must be one of"),
     ("data", {"image_size": 18}, "multiple of 4"),
     ("data", {"source": "parquet"}, "needs data.path"),
     ("data", {"batch_size": 0}, "batch_size must be a positive integer"),

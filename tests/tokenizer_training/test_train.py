@@ -54,10 +54,11 @@ def test_train_survives_worker_kill_then_resumes_by_rerun(ray_session, tmp_path,
     assert 0 < m["usage"] <= 1 and m["images_per_s"] > 0 and m["step_time_s"] > 0 and m["data_wait_s"] >= 0
     assert m["skipped_images"] == 0 and first.checkpoint_path
 
-    # --- 2. same name + storage, more steps: Train V2 hands the loop the latest checkpoint; the rest of the run
-    # accumulates gradients over 2 micro-batches per step (DDP's no_sync on the first) ---
-    second = run_training(cfg.replace(schedule={"steps": 12, "log_every": 2}, optim={"accum_steps": 2}),
-                          show_progress=False)
+    # --- 2. same name + storage, more steps: Train V2 hands the loop the latest checkpoint. The first fit averaged
+    # gradients with the flat all-reduce (the CPU default); the rest runs under torch DDP and accumulates gradients
+    # over 2 micro-batches per step (DDP's no_sync on the first) ---
+    second = run_training(cfg.replace(schedule={"steps": 12, "log_every": 2}, optim={"accum_steps": 2},
+                                      scaling={"grad_sync": "ddp"}), show_progress=False)
     assert second.metrics["resumed_from_step"] == 8 and second.metrics["step"] == 12
     assert second.metrics["images"] == 2 * 2 * 8 * 2  # per interval: steps x micro-batches x batch x workers
     assert second.loss_curve[:8] == curve  # the curve continues, not restarts

@@ -53,7 +53,7 @@ def _peer(args: argparse.Namespace) -> int:
                           max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
                           arrival_rate=args.arrival_rate, kv_blocks=args.kv_blocks, host_blocks=args.host_blocks,
                           threads=args.threads, systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
-                          seed=args.seed, timeout_s=args.timeout, vllm_env=args.vllm_env,
+                          seed=args.seed, timeout_s=args.timeout, vllm_env=args.vllm_env, repeats=args.repeats,
                           log_dir=args.plots or (str(Path(args.json).parent) if args.json else None))
     try:
         report, runs = run_peer_bench(cfg)
@@ -147,6 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--systems", default="fcfs,tokenflow,vllm", help="any of fcfs,tokenflow,vllm (run in that order)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per system for the measured load")
+    p.add_argument("--repeats", type=int, default=1, help="median over this many rounds (systems take turns)")
     p.add_argument("--vllm-env", metavar="DIR", help="the vLLM venv (default: <cache>/peers/vllm-<version>)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", metavar="DIR", help="PNG plots; vLLM's server log goes here too")

@@ -16,6 +16,7 @@ import math
 import os
 import random
 import string
+import statistics
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
@@ -56,6 +57,7 @@ class PeerBenchConfig:
     report_interval_s: float = 2.0  # our server's consumption reports (each costs ~3 ms of CPU across the stack)
     vllm_env: str | None = None  # None: cache_root()/peers/vllm-<version>, created if missing
     log_dir: str | None = None  # vLLM's server log goes here
+    repeats: int = 1  # each figure is the median over this many rounds (systems take turns within a round)
 
     def __post_init__(self) -> None:
         if self.workload not in PEER_WORKLOADS:
@@ -64,7 +66,7 @@ class PeerBenchConfig:
             raise ValueError(f"systems: a non-empty selection of {', '.join(SYSTEMS)} without repeats, "
                              f"got {','.join(self.systems)!r}")
         object.__setattr__(self, "systems", tuple(s for s in SYSTEMS if s in self.systems))  # fixed run order
-        for name in ("streams", "prompt_len", "max_tokens", "kv_blocks", "block_size", "vllm_block_size",
+        for name in ("repeats", "streams", "prompt_len", "max_tokens", "kv_blocks", "block_size", "vllm_block_size",
                      "max_model_len", "max_num_batched_tokens", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -239,6 +241,17 @@ def system_summary(res: LoadResult) -> dict:
             "report_errors": sum(len(r.report_errors) for r in res.results)}
 
 
+def median_summary(rounds: list[dict]) -> dict:
+    """Per figure, the median over rounds (numbers); the last round's value otherwise. `rounds` keeps the headline
+    figures of every round, so the spread is in the JSON."""
+    out = dict(rounds[-1])
+    for key, value in rounds[-1].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in rounds)
+    out["rounds"] = {k: [r[k] for r in rounds] for k in ("ttft_p99_s", "effective_tput", "raw_tput", "stall_s")}
+    return out
+
+
 def run_peer_bench(cfg: PeerBenchConfig) -> tuple[dict, dict[str, LoadResult]]:
     """The JSON report and the raw runs (for the plots). A failed vLLM turn is recorded, not raised."""
     from tokenflow_ray.bench.peer.vllm_env import VLLM_VERSION, PeerError, ensure_vllm_env
@@ -253,18 +266,27 @@ def run_peer_bench(cfg: PeerBenchConfig) -> tuple[dict, dict[str, LoadResult]]:
     log_dir.mkdir(parents=True, exist_ok=True)
     specs = cfg.specs()
 
-    runs = run_ours(cfg, specs)
-    systems = {name: system_summary(res) for name, res in runs.items()}
+    rounds: dict[str, list[dict]] = {}
+    runs: dict[str, LoadResult] = {}  # the last round's, for the plots
     vllm_info: dict = {}
-    if python is not None:
-        vllm_info = {"version": VLLM_VERSION, "python": str(python), "env": vllm_cpu_env(cfg.threads),
-                     "log": str(log_dir / "vllm_server.log")}
-        try:
-            runs["vllm"], vllm_info["args"] = run_vllm(cfg, specs, python, model_dir, log_dir)
-            systems["vllm"] = system_summary(runs["vllm"])
-        except PeerError as exc:
-            print(f"vllm: {exc}", flush=True)
-            systems["vllm"] = {"error": str(exc)}
+    vllm_error: str | None = None
+    for repeat in range(cfg.repeats):
+        if cfg.repeats > 1:
+            print(f"round {repeat + 1}/{cfg.repeats}", flush=True)
+        runs = run_ours(cfg, specs)
+        if python is not None:
+            vllm_info = {"version": VLLM_VERSION, "python": str(python), "env": vllm_cpu_env(cfg.threads),
+                         "log": str(log_dir / "vllm_server.log")}
+            try:
+                runs["vllm"], vllm_info["args"] = run_vllm(cfg, specs, python, model_dir, log_dir)
+            except PeerError as exc:
+                print(f"vllm: {exc}", flush=True)
+                vllm_error = str(exc)
+        for name, res in runs.items():
+            rounds.setdefault(name, []).append(system_summary(res))
+    systems = {name: median_summary(rounds[name]) for name in SYSTEMS if name in rounds}
+    if python is not None and "vllm" not in systems:
+        systems["vllm"] = {"error": vllm_error}
 
     reqs = cfg.requests()
     report = {

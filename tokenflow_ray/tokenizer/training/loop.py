@@ -1,8 +1,9 @@
 """The per-worker training loop run by Ray Train's TorchTrainer.
 
-Per step: generator (the tokenizer, DDP) forward + backward over `optim.accum_steps` micro-batches (gradients
-all-reduced once, on the last), Adam, EMA update; once the GAN is active, the discriminator's gradients on the same
-micro-batches, averaged over ranks in one collective, and its own Adam step. Each `log_every` steps every rank calls `ray.train.report` with metrics
+Per step: generator (the tokenizer) forward + backward over `optim.accum_steps` micro-batches, and once the GAN is
+active the discriminator's backward on the same micro-batches; gradients are averaged over ranks once per step
+(`scaling.grad_sync`: one flat all-reduce of both models' gradients, or DDP for the generator plus one for the
+discriminator); then Adam for each, and the EMA update. Each `log_every` steps every rank calls `ray.train.report` with metrics
 all-reduced over ranks (per-term losses, codebook usage, images/s, step vs data-wait time, skipped images, which nodes
 the workers run on); every `checkpoint_every` steps rank 0 also attaches a checkpoint. On start the loop resumes from
 `ray.train.get_checkpoint()` (a rerun with the same run name and storage, or a FailureConfig restart).
@@ -48,23 +49,38 @@ def _all_gather(obj) -> list:
     return out
 
 
-def _average_grads(module: torch.nn.Module) -> None:
-    # Why by hand: D is called several times per step (real, fake, and inside G's loss), which DDP's reducer does not
-    # expect; averaging its gradients once after backward is the same maths and has no such constraint. One
-    # collective over a flat copy of all gradients: a gloo all-reduce costs ~0.5 ms however small, per call.
+def _average_grads(params: list[torch.nn.Parameter]) -> None:
+    """Average these parameters' gradients over ranks in one collective on a flat copy: a gloo all-reduce costs
+    ~2 ms here however small, so one call per step instead of one per tensor or per module. As with DDP, a parameter
+    unused on this rank contributes zeros, and one unused on every rank keeps no gradient (Adam then skips it); a
+    per-parameter "has a gradient" flag rides in the same collective."""
     world = _world()[1]
-    if world == 1:
+    if world == 1 or not params:
         return
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    used = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
+    flat = torch.cat([g.reshape(-1) for g in grads] + [used])
     dist.all_reduce(flat)
     flat /= world
     offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    used_anywhere = flat[-len(params):] > 0
+    for p, anywhere in zip(params, used_anywhere.tolist()):
+        avg = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+        if p.grad is not None:
+            p.grad.copy_(avg)
+        elif anywhere:
+            p.grad = avg.clone()
+
+
+def _broadcast_params(modules: list[torch.nn.Module]) -> None:
+    """Rank 0's weights everywhere (what DDP does at wrap time), for the flat gradient sync."""
+    if _world()[1] == 1:
+        return
+    with torch.no_grad():
+        for module in modules:
+            for t in module.state_dict().values():
+                dist.broadcast(t, src=0)
 
 
 def _build(cfg: TrainConfig, device):
@@ -74,13 +90,17 @@ def _build(cfg: TrainConfig, device):
     from ..model import DualCodebookTokenizer
 
     tok_cfg = cfg.tokenizer_config()
-    torch.manual_seed(cfg.data.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+    torch.manual_seed(cfg.data.seed)  # same init on every rank (rank 0's weights are also broadcast)
     raw = DualCodebookTokenizer(tok_cfg).to(device)
-    # find_unused_parameters: the trainable tower's pooler/projection and a dropped scale's gain get no gradient.
-    # broadcast_buffers=False: the usage window is per rank bookkeeping, not state to overwrite from rank 0.
-    # gradient_as_bucket_view: gradients live in DDP's all-reduce buckets, no copy in and out each step.
-    model = prepare_model(raw, parallel_strategy_kwargs={"find_unused_parameters": True, "broadcast_buffers": False,
-                                                         "gradient_as_bucket_view": True})
+    if cfg.scaling.gradient_sync == "ddp":
+        # find_unused_parameters: the trainable tower's pooler/projection and a dropped scale's gain get no
+        # gradient. broadcast_buffers=False: the usage window is per rank bookkeeping, not state to overwrite from
+        # rank 0. gradient_as_bucket_view: gradients live in DDP's all-reduce buckets, no copy in and out each step.
+        model = prepare_model(raw, parallel_strategy_kwargs={"find_unused_parameters": True,
+                                                             "broadcast_buffers": False,
+                                                             "gradient_as_bucket_view": True})
+    else:  # flat: the loop averages gradients itself (_average_grads), after every backward of the step
+        model = prepare_model(raw, parallel_strategy=None)
     o = cfg.optim
     opt_g = torch.optim.Adam([p for p in raw.parameters() if p.requires_grad], lr=o.lr, betas=o.betas)
     disc = opt_d = None
@@ -129,6 +149,10 @@ def train_loop(loop_config: dict) -> dict:
     step, epoch, skip = state.step, state.epoch, state.batch_in_epoch
     prev_x = None
     accum = cfg.optim.accum_steps
+    ddp = cfg.scaling.gradient_sync == "ddp"
+    g_params = [p for p in raw.parameters() if p.requires_grad]
+    if not ddp:
+        _broadcast_params([raw] + ([disc] if disc is not None else []))
     while step < cfg.schedule.steps:
         batch_in_epoch = 0
         it = iter(shard.iter_torch_batches(batch_size=cfg.data.batch_size, drop_last=True, device=device))
@@ -159,7 +183,7 @@ def train_loop(loop_config: dict) -> dict:
             terms = dict.fromkeys(LOSS_TERMS, 0.0)
             for i, x in enumerate(xs):
                 # DDP all-reduces on the last micro-batch's backward only; earlier ones accumulate locally.
-                sync = i == len(xs) - 1 or not hasattr(model, "no_sync")
+                sync = i == len(xs) - 1 or not ddp
                 if use_gan:
                     disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
                 with contextlib.nullcontext() if sync else model.no_sync():
@@ -172,6 +196,8 @@ def train_loop(loop_config: dict) -> dict:
                     d = discriminator_loss(disc, x, out.recon_BCHW)  # fakes of this step's G, as without accumulation
                     (d.loss / len(xs)).backward()
                     terms["disc_loss"] = terms.get("disc_loss", 0.0) + float(d.loss) / len(xs)
+            d_params = list(disc.parameters()) if use_gan else []
+            _average_grads(d_params if ddp else g_params + d_params)  # one collective a step
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.optim.grad_clip)
             opt_g.step()
@@ -181,7 +207,6 @@ def train_loop(loop_config: dict) -> dict:
                         if name in ema:
                             ema[name].lerp_(p.detach(), 1 - cfg.optim.ema_decay)
             if use_gan:
-                _average_grads(disc)
                 opt_d.step()
             step += 1
             meter.add(terms, images=sum(x.shape[0] for x in xs), wait_s=t1 - t0, step_s=time.perf_counter() - t1,
