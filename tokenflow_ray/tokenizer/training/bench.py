@@ -2,7 +2,8 @@
 where a worker's time goes (compute step vs waiting on the Ray Data pipeline).
 
 Each worker runs one intra-op thread, so N workers use N cores and the ratio measures data parallelism, not torch
-threading. The figures come from the second half of each run (the last report interval), after pipeline start-up
+threading. The same step in independent processes (no Ray, no sync; `ceiling.py`) is measured in the same run as
+the ceiling the ratio can reach on this box. The figures come from the second half of each run (the last report interval), after pipeline start-up
 and warm-up; checkpoint and report time are excluded by the meter. `tokenflow tokenizer bench --train` merges this
 dict into the bench JSON.
 """
@@ -22,6 +23,7 @@ class TrainBenchConfig:
     map_workers: int = 1
     map_cpus: float = 0.25
     accum_steps: int = 1  # micro-batches per optimiser step (one gradient all-reduce each)
+    ceiling: bool = True  # also time the same step in independent processes, without Ray or sync (ceiling.py)
 
     def __post_init__(self) -> None:
         if self.steps < 4 or self.steps % 2:
@@ -59,6 +61,13 @@ def measure_train_throughput(cfg: TrainBenchConfig | None = None, storage_dir: s
     }
     if 1 in per and 2 in per:
         out["train_speedup_2v1"] = per[2]["images_per_s"] / per[1]["images_per_s"]
+    if cfg.ceiling:
+        from .ceiling import measure_ceiling
+
+        ceiling = measure_ceiling(cfg.workers, image_size=16, batch_size=cfg.batch_size)
+        out["train_ceiling_images_s"] = ceiling
+        if 1 in ceiling and 2 in ceiling:
+            out["train_ceiling_2v1"] = ceiling[2] / ceiling[1]
     return out
 
 
