@@ -15,8 +15,8 @@ import json
 import math
 import os
 import random
-import string
 import statistics
+import string
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
