@@ -8,7 +8,8 @@ import json
 import torch
 
 from tokenflow_ray.runner.attention import SdpaPagedAttention, flash_attn_available
-from tokenflow_ray.runner.gpu_check import copy_overlap, llama8b_step_time, paged_attention_parity
+from tokenflow_ray.runner.gpu_check import (copy_overlap, kv_transfer_roundtrip, llama8b_step_time,
+                                            paged_attention_parity)
 
 
 def main() -> None:
@@ -23,6 +24,7 @@ def main() -> None:
 
         out["flash_vs_sdpa_max_abs"] = paged_attention_parity(FlashPagedAttention(), SdpaPagedAttention())
     out["sdpa_cuda_vs_cpu_max_abs"] = _sdpa_cuda_vs_cpu()
+    out["kv_transfer_roundtrip"] = kv_transfer_roundtrip()
     out["copy_overlap"] = copy_overlap()
     out["llama8b_sdpa"] = llama8b_step_time(backend="sdpa")
     if out["flash_attn"]:

@@ -56,3 +56,11 @@ def test_write_through_copies_real_kv(tiny_llama_dir):
         dev = runner.kv_cache[:, :, stream.block_ids[i]]
         host = runner.transfer.host_kv[:, :, stream.host_block_ids[i]]
         assert torch.equal(dev, host) and host.abs().sum() > 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_kv_transfer_roundtrip_of_the_gpu_check_runs_on_cpu(overlap):
+    from tokenflow_ray.runner.gpu_check import kv_transfer_roundtrip
+
+    result = kv_transfer_roundtrip("cpu", overlap=overlap)
+    assert result["max_abs"] == 0.0 and result["tails_timed"] == ["a", "b"] and result["blocks"] == 5

@@ -1,6 +1,7 @@
-"""Device checks for a CUDA machine (not run in CI): paged attention parity, copy/compute overlap, 8B step time.
+"""Device checks for a CUDA machine (not run in CI): paged attention parity, KV spill round trip, copy/compute
+overlap, 8B step time.
 
-`python jobs/gpu_check.py --json out.json` runs all three; each function is also usable from tests.
+`python jobs/gpu_check.py --json out.json` runs them all; each function is also usable from tests (on CPU).
 """
 
 from __future__ import annotations
@@ -50,6 +51,30 @@ def paged_attention_parity(backend_a, backend_b, device: str = "cuda", dtype=tor
     out_a = backend_a.forward(q, k, v, kc.clone(), vc.clone(), meta_b if backend_a.name == "flash" else meta)
     out_b = backend_b.forward(q, k, v, kc.clone(), vc.clone(), meta_b if backend_b.name == "flash" else meta)
     return float((out_a.float() - out_b.float()).abs().max())
+
+
+def kv_transfer_roundtrip(device: str = "cuda", overlap: bool = True) -> dict:
+    """KVTransfer's real path: write-through and swap-out tails to the host, then loads into other device blocks,
+    in two steps; every loaded block must equal its source. On CUDA this exercises the side stream, the per-stream
+    events and the device-to-host staging."""
+    from tokenflow_ray.engine.plan import BlockCopy, StepPlan
+    from tokenflow_ray.runner.kv_transfer import KVTransfer
+
+    dev = torch.device(device)
+    kv = torch.randn(2, 2, 16, 4, 2, 8, device=dev)
+    transfer = KVTransfer(kv, num_host_blocks=16, overlap=overlap)
+    try:
+        out = StepPlan(step_id=0, write_through=(BlockCopy("a", 0, 0), BlockCopy("a", 1, 1)),
+                       swap_out=(BlockCopy("a", 2, 2), BlockCopy("b", 3, 3), BlockCopy("b", 4, 4)))
+        timing = transfer.wait(transfer.launch(out))
+        back = StepPlan(step_id=1, swap_in=tuple(BlockCopy("a", 8 + i, i) for i in range(5)))
+        transfer.wait(transfer.launch(back))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        max_abs = float((kv[:, :, 8:13] - kv[:, :, 0:5]).abs().max())
+        return {"max_abs": max_abs, "tails_timed": sorted(timing.swap_out_done), "blocks": timing.num_blocks}
+    finally:
+        transfer.close()
 
 
 def copy_overlap(device: str = "cuda", blocks: int = 512, block_mb: float = 2.0) -> dict:

@@ -108,8 +108,9 @@ class KVTransfer:
                 host_np[:, :, c.host_block] = dev_np[:, :, c.device_block]
             return
         dev, host = self._index(copies)
-        blocks = self.device_kv.index_select(2, dev)
-        self.host_kv.index_copy_(2, host, blocks.to("cpu", non_blocking=True))
+        staged = self.device_kv.index_select(2, dev).to("cpu", non_blocking=True)  # pinned, filled asynchronously
+        self._sync()  # the scatter below runs on the CPU: the device-to-host copy must have landed
+        self.host_kv.index_copy_(2, host, staged)
 
     def _to_device(self, copies: tuple[BlockCopy, ...]) -> None:
         if self.device_kv.device.type == "cpu":
