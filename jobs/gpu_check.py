@@ -8,8 +8,12 @@ import json
 import torch
 
 from tokenflow_ray.runner.attention import SdpaPagedAttention, flash_attn_available
-from tokenflow_ray.runner.gpu_check import (copy_overlap, kv_transfer_roundtrip, llama8b_step_time,
-                                            paged_attention_parity)
+from tokenflow_ray.runner.gpu_check import (
+    copy_overlap,
+    kv_transfer_roundtrip,
+    llama8b_step_time,
+    paged_attention_parity,
+)
 
 
 def main() -> None:
