@@ -3,10 +3,11 @@
 Per step: generator (the tokenizer) forward + backward over `optim.accum_steps` micro-batches, and once the GAN is
 active the discriminator's backward on the same micro-batches; gradients are averaged over ranks once per step
 (`scaling.grad_sync`: one flat all-reduce of both models' gradients, or DDP for the generator plus one for the
-discriminator); then Adam for each, and the EMA update. Each `log_every` steps every rank calls `ray.train.report` with metrics
-all-reduced over ranks (per-term losses, codebook usage, images/s, step vs data-wait time, skipped images, which nodes
-the workers run on); every `checkpoint_every` steps rank 0 also attaches a checkpoint. On start the loop resumes from
-`ray.train.get_checkpoint()` (a rerun with the same run name and storage, or a FailureConfig restart).
+discriminator); then Adam for each, and the EMA update. Each `log_every` steps every rank calls `ray.train.report`
+with metrics all-reduced over ranks (per-term losses, codebook usage, images/s, step vs data-wait time, skipped
+images, which nodes the workers run on); every `checkpoint_every` steps rank 0 also attaches a checkpoint. On start
+the loop resumes from `ray.train.get_checkpoint()` (a rerun with the same run name and storage, or a FailureConfig
+restart).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _average_grads(params: list[torch.nn.Parameter]) -> None:
     """Average these parameters' gradients over ranks in one collective on a flat copy: a gloo all-reduce costs
     ~2 ms here however small, so one call per step instead of one per tensor or per module. As with DDP, a parameter
     unused on this rank contributes zeros, and one unused on every rank keeps no gradient (Adam then skips it); a
-    per-parameter "has a gradient" flag rides in the same collective."""
+    per-parameter "has a gradient" flag rides in the same collective. The discriminator is always averaged this way,
+    never by DDP: it runs several times a step (real, fake, inside G's loss), which DDP's reducer does not expect."""
     world = _world()[1]
     if world == 1 or not params:
         return
