@@ -32,6 +32,8 @@ def test_shipped_configs_load(name):
     ("scaling", {"cpus_per_worker": 0}, "cpus_per_worker must be > 0"),
     ("scaling", {"placement_strategy": "RANDOM"}, "placement_strategy"),
     ("scaling", {"grad_sync": "allgather"}, "scaling.grad_sync must be one of"),
+    ("scaling", {"grad_compress": "fp8"}, "scaling.grad_compress must be one of"),
+    ("scaling", {"grad_sync": "ddp", "grad_compress": "bf16"}, "grad_compress=bf16 under DDP needs a GPU"),
     ("data", {"image_size": 18}, "multiple of 4"),
     ("data", {"source": "parquet"}, "needs data.path"),
     ("data", {"batch_size": 0}, "batch_size must be a positive integer"),

@@ -27,8 +27,10 @@ def test_train_survives_worker_kill_then_resumes_by_rerun(ray_session, tmp_path,
     from tokenflow_ray.tokenizer.training.export import export_checkpoint
     from tokenflow_ray.tokenizer.training.trainer import run_training
 
+    # The first fit pins each worker to its own CPU and puts bf16 gradients on the wire.
     cfg = tiny_config(tmp_path / "runs", "tiny", data={"source": "parquet", "path": str(digits_parquet)},
-                      schedule={"steps": 8, "log_every": 1, "checkpoint_every": 2})
+                      schedule={"steps": 8, "log_every": 1, "checkpoint_every": 2},
+                      scaling={"pin_cpus": True, "grad_compress": "bf16"})
     killed = []
 
     def kill_rank1_after_first_checkpoint(snap):
@@ -53,13 +55,18 @@ def test_train_survives_worker_kill_then_resumes_by_rerun(ray_session, tmp_path,
     assert m["disc_loss"] > 0  # the discriminator (second optimiser) ran
     assert 0 < m["usage"] <= 1 and m["images_per_s"] > 0 and m["step_time_s"] > 0 and m["data_wait_s"] >= 0
     assert m["skipped_images"] == 0 and first.checkpoint_path
+    assert 0 < m["sync_time_s"] < m["step_time_s"]  # the gradient all-reduce ran, inside the step
+    if len(os.sched_getaffinity(0)) >= 2:  # one CPU each, different ones
+        assert sorted(map(tuple, m["worker_cpus"])) == [(c,) for c in sorted(os.sched_getaffinity(0))[:2]]
 
     # --- 2. same name + storage, more steps: Train V2 hands the loop the latest checkpoint. The first fit averaged
     # gradients with the flat all-reduce (the CPU default); the rest runs under torch DDP and accumulates gradients
     # over 2 micro-batches per step (DDP's no_sync on the first) ---
     second = run_training(cfg.replace(schedule={"steps": 12, "log_every": 2}, optim={"accum_steps": 2},
-                                      scaling={"grad_sync": "ddp"}), show_progress=False)
+                                      scaling={"grad_sync": "ddp", "pin_cpus": False, "grad_compress": "none"}),
+                          show_progress=False)
     assert second.metrics["resumed_from_step"] == 8 and second.metrics["step"] == 12
+    assert second.metrics["worker_cpus"] == [None, None]
     assert second.metrics["images"] == 2 * 2 * 8 * 2  # per interval: steps x micro-batches x batch x workers
     assert second.loss_curve[:8] == curve  # the curve continues, not restarts
     assert [s for s, _ in second.loss_curve][8:] == [10, 12]

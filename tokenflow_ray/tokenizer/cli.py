@@ -56,7 +56,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.train:  # Ray Train images/s with 1 vs 2 workers + step vs data-wait time (training/bench.py)
         from .training.bench import TrainBenchConfig, measure_train_throughput
 
-        result.update(measure_train_throughput(TrainBenchConfig(accum_steps=args.accum_steps)))
+        result.update(measure_train_throughput(TrainBenchConfig(
+            steps=args.train_steps, repeats=args.repeats, accum_steps=args.accum_steps, grad_sync=args.grad_sync,
+            grad_compress=args.grad_compress)))
     _write_json(args.json, result)
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=2))
     return 0
@@ -80,6 +82,14 @@ def register(subparsers) -> None:
                    help="also measure Ray Train images/s at the tiny config with 1 and 2 workers (train_images_s)")
     b.add_argument("--accum-steps", type=_positive, default=1,
                    help="with --train: micro-batches per optimiser step (one gradient all-reduce per step)")
+    b.add_argument("--train-steps", type=_positive, default=300,
+                   help="with --train: steps per run (even; the second half is measured)")
+    b.add_argument("--repeats", type=_positive, default=3,
+                   help="with --train: rounds of 1 and 2 workers taking turns; figures are medians over rounds")
+    b.add_argument("--grad-sync", choices=("auto", "ddp", "flat"), default="auto",
+                   help="with --train: scaling.grad_sync of the runs")
+    b.add_argument("--grad-compress", choices=("none", "bf16"), default="none",
+                   help="with --train: scaling.grad_compress of the runs")
     b.set_defaults(handler=_bench)
 
     try:

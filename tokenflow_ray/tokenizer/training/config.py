@@ -118,6 +118,7 @@ class ScheduleSettings:
                    f"schedule.{name} must be a positive integer, got {getattr(self, name)!r}")
 
 
+GRAD_COMPRESS = ("none", "bf16")
 GRAD_SYNC = ("auto", "ddp", "flat")
 
 
@@ -134,6 +135,11 @@ class ScalingSettings:
     # discriminator) per optimiser step, after backward (a gloo call costs ~2 ms here however small, and DDP's
     # reducer ~10 ms a step more on the tiny model); auto: ddp on GPU, flat on CPU.
     grad_sync: str = "auto"
+    # Gradient values on the wire: none (fp32) or bf16 (half the bytes; averaged in bf16, written back to fp32).
+    grad_compress: str = "none"
+    # Pin each worker to its own CPU(s) (torch_threads each) on its node: on a box with as many cores as workers,
+    # stops the kernel moving workers between cores whenever a Ray process wakes (training/affinity.py).
+    pin_cpus: bool = False
 
     @property
     def gradient_sync(self) -> str:
@@ -143,6 +149,11 @@ class ScalingSettings:
 
     def __post_init__(self) -> None:
         _check(self.grad_sync in GRAD_SYNC, f"scaling.grad_sync must be one of {GRAD_SYNC}, got {self.grad_sync!r}")
+        _check(self.grad_compress in GRAD_COMPRESS,
+               f"scaling.grad_compress must be one of {GRAD_COMPRESS}, got {self.grad_compress!r}")
+        _check(self.grad_compress == "none" or self.gradient_sync == "flat" or self.use_gpu,
+               "scaling.grad_compress=bf16 under DDP needs a GPU (torch's bf16 hook runs on NCCL only); "
+               "use scaling.grad_sync=flat on CPU")
         _check(isinstance(self.num_workers, int) and self.num_workers >= 1,
                f"scaling.num_workers must be an integer >= 1, got {self.num_workers!r}")
         _check(self.cpus_per_worker > 0, f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")

@@ -2,8 +2,9 @@
 
 Per step: generator (the tokenizer) forward + backward over `optim.accum_steps` micro-batches, and once the GAN is
 active the discriminator's backward on the same micro-batches; gradients are averaged over ranks once per step
-(`scaling.grad_sync`: one flat all-reduce of both models' gradients, or DDP for the generator plus one for the
-discriminator); then Adam for each, and the EMA update. Each `log_every` steps every rank calls `ray.train.report`
+(`scaling.grad_sync`: a flat all-reduce per model, started as soon as that model's gradients are complete so it
+overlaps the next piece of work, or DDP for the generator; `scaling.grad_compress` can put bfloat16 on the wire);
+then Adam for each, and the EMA update. Each `log_every` steps every rank calls `ray.train.report`
 with metrics all-reduced over ranks (per-term losses, codebook usage, images/s, step vs data-wait time, skipped
 images, which nodes the workers run on); every `checkpoint_every` steps rank 0 also attaches a checkpoint. On start
 the loop resumes from `ray.train.get_checkpoint()` (a rerun with the same run name and storage, or a FailureConfig
@@ -13,6 +14,7 @@ restart).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -20,10 +22,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from .affinity import pin_this_worker
 from .checkpoint import TrainState, load_state, save_state
 from .config import TrainConfig
+from .grad_sync import broadcast_params, start_average
 from .metrics import IntervalMeter
 
+log = logging.getLogger(__name__)
 LOSS_TERMS = ("loss", "sem_loss", "vq_loss", "mse_loss", "l1_loss", "lpips_loss", "gan_loss")
 
 
@@ -50,41 +55,6 @@ def _all_gather(obj) -> list:
     return out
 
 
-def _average_grads(params: list[torch.nn.Parameter]) -> None:
-    """Average these parameters' gradients over ranks in one collective on a flat copy: a gloo all-reduce costs
-    ~2 ms here however small, so one call per step instead of one per tensor or per module. As with DDP, a parameter
-    unused on this rank contributes zeros, and one unused on every rank keeps no gradient (Adam then skips it); a
-    per-parameter "has a gradient" flag rides in the same collective. The discriminator is always averaged this way,
-    never by DDP: it runs several times a step (real, fake, inside G's loss), which DDP's reducer does not expect."""
-    world = _world()[1]
-    if world == 1 or not params:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    used = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
-    flat = torch.cat([g.reshape(-1) for g in grads] + [used])
-    dist.all_reduce(flat)
-    flat /= world
-    offset = 0
-    used_anywhere = flat[-len(params):] > 0
-    for p, anywhere in zip(params, used_anywhere.tolist()):
-        avg = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-        if p.grad is not None:
-            p.grad.copy_(avg)
-        elif anywhere:
-            p.grad = avg.clone()
-
-
-def _broadcast_params(modules: list[torch.nn.Module]) -> None:
-    """Rank 0's weights everywhere (what DDP does at wrap time), for the flat gradient sync."""
-    if _world()[1] == 1:
-        return
-    with torch.no_grad():
-        for module in modules:
-            for t in module.state_dict().values():
-                dist.broadcast(t, src=0)
-
-
 def _build(cfg: TrainConfig, device):
     from ray.train.torch import prepare_model
 
@@ -101,7 +71,11 @@ def _build(cfg: TrainConfig, device):
         model = prepare_model(raw, parallel_strategy_kwargs={"find_unused_parameters": True,
                                                              "broadcast_buffers": False,
                                                              "gradient_as_bucket_view": True})
-    else:  # flat: the loop averages gradients itself (_average_grads), after every backward of the step
+        if cfg.scaling.grad_compress == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+            model.register_comm_hook(None, bf16_compress_hook)
+    else:  # flat: the loop averages gradients itself (grad_sync.start_average), once a step
         model = prepare_model(raw, parallel_strategy=None)
     o = cfg.optim
     opt_g = torch.optim.Adam([p for p in raw.parameters() if p.requires_grad], lr=o.lr, betas=o.betas)
@@ -123,6 +97,12 @@ def train_loop(loop_config: dict) -> dict:
 
     cfg = TrainConfig.from_dict(loop_config["train"])
     progress = loop_config.get("progress")  # a ProgressActor handle, or None
+    pinned = None
+    if cfg.scaling.pin_cpus:  # before torch's thread pool exists, so its threads inherit the CPUs
+        ctx = ray.train.get_context()
+        pinned, why = pin_this_worker(ctx.get_local_rank(), ctx.get_local_world_size(), cfg.scaling.torch_threads)
+        if pinned is None:
+            log.warning("scaling.pin_cpus: not pinned: %s", why)
     torch.set_num_threads(cfg.scaling.torch_threads)
     rank, world = _world()
     device = get_device()
@@ -142,7 +122,8 @@ def train_loop(loop_config: dict) -> dict:
         if ema is not None and state.ema:
             ema = {n: v.to(device) for n, v in state.ema.items()}
         resumed_from = state.step
-    workers = _all_gather({"rank": rank, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()})
+    workers = _all_gather({"rank": rank, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                           "cpus": sorted(pinned) if pinned else None})
     if progress is not None and rank == 0:
         progress.register.remote(workers, resumed_from)
 
@@ -153,8 +134,11 @@ def train_loop(loop_config: dict) -> dict:
     accum = cfg.optim.accum_steps
     ddp = cfg.scaling.gradient_sync == "ddp"
     g_params = [p for p in raw.parameters() if p.requires_grad]
+    compress = cfg.scaling.grad_compress
+    ema_params = [p for n, p in raw.named_parameters() if ema is not None and n in ema]
+    ema_values = [ema[n] for n, p in raw.named_parameters() if ema is not None and n in ema]
     if not ddp:
-        _broadcast_params([raw] + ([disc] if disc is not None else []))
+        broadcast_params([raw] + ([disc] if disc is not None else []))
     while step < cfg.schedule.steps:
         batch_in_epoch = 0
         it = iter(shard.iter_torch_batches(batch_size=cfg.data.batch_size, drop_last=True, device=device))
@@ -183,14 +167,19 @@ def train_loop(loop_config: dict) -> dict:
             if use_gan:
                 opt_d.zero_grad(set_to_none=True)
             terms = dict.fromkeys(LOSS_TERMS, 0.0)
+            sync_s, pending_g = 0.0, None
             for i, x in enumerate(xs):
-                # DDP all-reduces on the last micro-batch's backward only; earlier ones accumulate locally.
-                sync = i == len(xs) - 1 or not ddp
+                last_micro = i == len(xs) - 1
                 if use_gan:
                     disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
-                with contextlib.nullcontext() if sync else model.no_sync():
+                # DDP all-reduces on the last micro-batch's backward only; earlier ones accumulate locally.
+                with contextlib.nullcontext() if last_micro or not ddp else model.no_sync():
                     out = model(x, step=step, discriminator=disc if use_gan else None)
                     (out.loss / len(xs)).backward()
+                if last_micro and not ddp:
+                    t_sync = time.perf_counter()
+                    pending_g = start_average(g_params, compress)  # travels while D computes below
+                    sync_s += time.perf_counter() - t_sync
                 for k in LOSS_TERMS:
                     terms[k] += float(getattr(out, k).detach()) / len(xs)
                 if use_gan:
@@ -198,21 +187,27 @@ def train_loop(loop_config: dict) -> dict:
                     d = discriminator_loss(disc, x, out.recon_BCHW)  # fakes of this step's G, as without accumulation
                     (d.loss / len(xs)).backward()
                     terms["disc_loss"] = terms.get("disc_loss", 0.0) + float(d.loss) / len(xs)
-            d_params = list(disc.parameters()) if use_gan else []
-            _average_grads(d_params if ddp else g_params + d_params)  # one collective a step
+            t_sync = time.perf_counter()
+            # D's average travels while G's optimiser steps. D is never under DDP: it runs several times a step
+            # (real, fake, inside G's loss), which DDP's reducer does not expect.
+            pending_d = start_average(list(disc.parameters()) if use_gan else [], compress)
+            if pending_g is not None:
+                pending_g.wait()
+            sync_s += time.perf_counter() - t_sync
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.optim.grad_clip)
             opt_g.step()
             if ema is not None:
                 with torch.no_grad():
-                    for name, p in raw.named_parameters():
-                        if name in ema:
-                            ema[name].lerp_(p.detach(), 1 - cfg.optim.ema_decay)
+                    torch._foreach_lerp_(ema_values, ema_params, 1 - cfg.optim.ema_decay)
+            t_sync = time.perf_counter()
+            pending_d.wait()
+            sync_s += time.perf_counter() - t_sync
             if use_gan:
                 opt_d.step()
             step += 1
             meter.add(terms, images=sum(x.shape[0] for x in xs), wait_s=t1 - t0, step_s=time.perf_counter() - t1,
-                      usage=out.usage)
+                      usage=out.usage, sync_s=sync_s)
             last = step == cfg.schedule.steps
             if step % cfg.schedule.log_every and step % cfg.schedule.checkpoint_every and not last:
                 continue
@@ -221,7 +216,8 @@ def train_loop(loop_config: dict) -> dict:
             state.curve.append([step, metrics["loss"]])
             metrics.update(step=step, epoch=epoch, world_size=world, resumed_from_step=resumed_from,
                            skipped_images=int(state.skipped_images), loss_curve=list(state.curve),
-                           worker_node_ids=[w["node_id"] for w in workers], worker_pids=[w["pid"] for w in workers])
+                           worker_node_ids=[w["node_id"] for w in workers], worker_pids=[w["pid"] for w in workers],
+                           worker_cpus=[w["cpus"] for w in workers])
             if progress is not None and rank == 0:
                 progress.update.remote(metrics)
             if step % cfg.schedule.checkpoint_every == 0 or last:

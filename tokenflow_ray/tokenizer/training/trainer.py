@@ -76,7 +76,8 @@ def _checkpoint_callback(progress):
     return CheckpointNotifier(progress)
 
 
-def ensure_ray() -> None:
+def ensure_ray(include_dashboard: bool | None = None) -> None:
+    """Connect to RAY_ADDRESS, or start a local instance (`include_dashboard`: Ray's default when None)."""
     import ray
 
     if not ray.is_initialized():
@@ -86,7 +87,7 @@ def ensure_ray() -> None:
         else:
             # A local instance gets at least 4 logical CPUs: Ray Data's file-listing task asks for a whole CPU, which
             # never fits beside 2 Train workers and the decode actor on a 2-core box (fit() would hang).
-            ray.init(num_cpus=max(4, os.cpu_count() or 1))
+            ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=include_dashboard)
 
 
 def build_trainer(cfg: TrainConfig, dataset, progress=None):
