@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .affinity import pin_this_worker
 from .checkpoint import TrainState, load_state, save_state
 from .config import TrainConfig
-from .grad_sync import broadcast_params, start_average
+from .grad_sync import broadcast_params, start_average, world_size
 from .metrics import IntervalMeter
 
 log = logging.getLogger(__name__)
@@ -33,14 +33,13 @@ LOSS_TERMS = ("loss", "sem_loss", "vq_loss", "mse_loss", "l1_loss", "lpips_loss"
 
 
 def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    world = world_size()
+    return (dist.get_rank() if world > 1 else 0), world
 
 
 def _all_reduce(values: list[float], op=None) -> list[float]:
     """Sum (or `op`) a list of floats over ranks in one collective."""
-    if _world()[1] == 1:
+    if world_size() == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
@@ -48,9 +47,9 @@ def _all_reduce(values: list[float], op=None) -> list[float]:
 
 
 def _all_gather(obj) -> list:
-    if _world()[1] == 1:
+    if world_size() == 1:
         return [obj]
-    out = [None] * _world()[1]
+    out = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
 
@@ -135,8 +134,11 @@ def train_loop(loop_config: dict) -> dict:
     ddp = cfg.scaling.gradient_sync == "ddp"
     g_params = [p for p in raw.parameters() if p.requires_grad]
     compress = cfg.scaling.grad_compress
-    ema_params = [p for n, p in raw.named_parameters() if ema is not None and n in ema]
-    ema_values = [ema[n] for n, p in raw.named_parameters() if ema is not None and n in ema]
+    ema_values, ema_params = [], []  # aligned lists for one in-place foreach lerp per step
+    for name, p in raw.named_parameters():
+        if ema is not None and name in ema:
+            ema_values.append(ema[name])
+            ema_params.append(p)
     if not ddp:
         broadcast_params([raw] + ([disc] if disc is not None else []))
     while step < cfg.schedule.steps:
