@@ -13,10 +13,12 @@ def make_fake_engine(num_blocks: int = 64, block_size: int = 8, max_num_seqs: in
                      max_num_batched_tokens: int = 64, chunked_prefill: bool = True, policy: str = "fcfs",
                      eos_token_id: int | None = None, max_model_len: int = 4096, num_host_blocks: int = 0,
                      write_through: bool = True, tokenflow: TokenFlowConfig | None = None,
-                     andes: AndesConfig | None = None, resume_mode: str = "auto") -> tuple[LLMEngine, FakeRunner]:
+                     andes: AndesConfig | None = None, resume_mode: str = "auto",
+                     write_budget_fraction: float = 0.8) -> tuple[LLMEngine, FakeRunner]:
     config = EngineConfig(
         cache=CacheConfig(block_size=block_size, num_device_blocks=num_blocks, num_host_blocks=num_host_blocks,
-                          write_through=write_through, resume_mode=resume_mode),
+                          write_through=write_through, resume_mode=resume_mode,
+                          write_budget_fraction=write_budget_fraction),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                   chunked_prefill=chunked_prefill, policy=policy,
                                   tokenflow=tokenflow or TokenFlowConfig(), andes=andes or AndesConfig()))

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.engine.factories import make_fake_engine
-from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig
+from tokenflow_ray.engine.config import EngineConfig, ModelConfig
 from tokenflow_ray.engine.policies import AndesConfig, AndesPolicy, TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
@@ -20,9 +20,8 @@ def test_max_num_seqs_caps_the_batch():
 def test_write_budget_fraction_bounds_write_through_per_step():
     planned = {}
     for fraction in (0.01, 4.0):
-        engine, runner = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=128, policy="tokenflow")
-        engine.scheduler.cache = CacheConfig(block_size=4, num_device_blocks=64, num_host_blocks=128,
-                                             write_budget_fraction=fraction)
+        engine, runner = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=128, policy="tokenflow",
+                                          write_budget_fraction=fraction)
         engine.add_request(list(range(1, 60)), SamplingParams(max_tokens=3), rate=5.0)
         engine.step()  # prefill: 14 full blocks become eligible
         for _ in range(30):  # measured: 10 ms steps, copies at 100 blocks/s -> one block per step at fraction 1

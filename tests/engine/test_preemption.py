@@ -44,7 +44,17 @@ def test_many_preemptions_keep_tokens_identical(resume):
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5]
     sid = engine.add_request(prompt, SamplingParams(max_tokens=60), rate=5.0)
     other = engine.add_request([2, 7, 1, 8], SamplingParams(max_tokens=30), rate=5.0)
-    tokens, plans = _drive(engine, on_step=lambda i: i % 3 == 2 and _force_pause(engine, sid))
+    progress = {"at_pause": -1}
+
+    def pause_every_third_step(i):
+        # Only once it has made a token since the last pause: a reload may take more than one step's copy
+        # budget (chunked loads), and pausing a stream before it ever runs again would starve it, not test it.
+        stream = engine.scheduler.streams.get(sid)
+        if i % 3 == 2 and stream is not None and stream.num_output_tokens > progress["at_pause"]:
+            progress["at_pause"] = stream.num_output_tokens
+            _force_pause(engine, sid)
+
+    tokens, plans = _drive(engine, on_step=pause_every_third_step)
     assert tokens[sid] == runner.reference(prompt, 60)
     assert tokens[other] == runner.reference([2, 7, 1, 8], 30)
     assert _record(engine, sid).preemptions >= 10

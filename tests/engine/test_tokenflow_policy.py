@@ -113,7 +113,7 @@ def test_rebalance_pauses_only_for_streams_it_can_start_before_the_next_one():
     # rebalance, so only one running stream is paused although two new streams rank above both and both running
     # buffers are full.
     engine, a, b, new = _slots_full(2, delta_t=engine_step_s(), b_rate=2.0)
-    paused = engine.scheduler._rebalance(
+    _, paused = engine.scheduler._rebalance(
         engine.scheduler.policy.rank(list(engine.scheduler.streams.values()), _policy_view(engine)),
         _policy_view(engine))
     assert len(paused) == 1
@@ -169,11 +169,23 @@ def test_lambda_damps_working_set_growth():
 def test_overload_falls_back_to_arrival_order():
     engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow")
     old = engine.add_request([1] * 4, SamplingParams(max_tokens=50), rate=10_000.0)  # far beyond capacity
-    engine.clock.advance(1.0)
+    _steps(engine, 20)  # admitted: the working set's Σ rates now exceed Γ
     new = engine.add_request([2] * 4, SamplingParams(max_tokens=50), rate=10_000.0)
     policy = engine.scheduler.policy
     ranked = policy.rank(list(engine.scheduler.streams.values()), _policy_view(engine))
     assert policy.overloaded and [s.stream_id for s in ranked] == [old, new]
+    _steps(engine, 5)  # FCFS with memory-aware admission: nothing new joins an overloaded working set
+    assert _status(engine, new) == StreamStatus.WAITING
+
+
+def test_waiting_streams_alone_do_not_overload():
+    """Eq. 6 sums rates over the working set: demand still queued outside it is not load on decode capacity."""
+    engine, _ = make_fake_engine(num_blocks=64, block_size=4, num_host_blocks=64, policy="tokenflow")
+    for i in range(3):
+        engine.add_request([i + 1] * 4, SamplingParams(max_tokens=50), rate=10_000.0)
+    policy = engine.scheduler.policy
+    policy.rank(list(engine.scheduler.streams.values()), _policy_view(engine))
+    assert not policy.overloaded
 
 
 @pytest.mark.parametrize("knob", ["delta_t", "mu", "t_critical", "overload_margin"])

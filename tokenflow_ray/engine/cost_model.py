@@ -1,12 +1,18 @@
-"""Live estimates the scheduler plans with: step time, prefill time per token, copy bandwidth, capacity.
+"""Live estimates the scheduler plans with: step time, capacity, copy bandwidth, reload and recompute times.
 
-Exponential moving averages over measured step results, so decisions adapt to the machine and to I/O contention
-(the paper's queue-aware t_IO): a busy copy queue makes reloads look slower and recompute wins.
+Measured step results feed a batch-size-aware step-time model (step_time_model.py), so the decode capacity Γ is
+predicted for the batch the device can hold, not read off the batch a policy chose to run, and the recompute time
+uses the prefill cost alone. Copy bandwidth is an exponential moving average over measured copies. Reload time is
+queue-aware (paper §4.2.3): the copies queued ahead of a load come from the KV manager's live queue at decision
+time, so a busy copy queue makes reloads look slower and recompute wins.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from tokenflow_ray.engine.step_time_model import StepTimeFit, StepTimeModel
 
 
 @dataclass
@@ -22,28 +28,28 @@ class _Ema:
 
 class CostModel:
     def __init__(self, block_bytes: int, step_s: float = 0.02, prefill_s_per_token: float = 5e-4,
-                 copy_bytes_per_s: float = 2e9) -> None:
+                 copy_bytes_per_s: float = 2e9, prefill_chunk_tokens: int = 512) -> None:
+        if prefill_chunk_tokens <= 0:
+            raise ValueError(f"prefill_chunk_tokens: must be > 0, got {prefill_chunk_tokens!r}")
         self.block_bytes = block_bytes  # one block's KV, all layers, K and V
+        self.prefill_chunk_tokens = prefill_chunk_tokens  # the step token budget: a recompute runs in such chunks
+        self.steps = StepTimeModel(step_s, prefill_s_per_token)
         self._step = _Ema(step_s)
         self._decode_step = _Ema(step_s)
-        self._prefill = _Ema(prefill_s_per_token)
         self._copy = _Ema(copy_bytes_per_s)
         self._decode_batch = _Ema(1.0)  # batch size the decode step time was measured at
-        self.queued_copy_bytes = 0  # copies planned but not yet known complete (0 after each step: joined)
 
     # ---- observations -----------------------------------------------------------------------------------------
     def observe_step(self, compute_s: float, num_decodes: int, num_prefill_tokens: int, copy_s: float,
                      copy_bytes: int) -> None:
         if compute_s > 0:
             self._step.update(compute_s)
+            self.steps.observe(num_decodes, num_prefill_tokens, compute_s)
             if num_prefill_tokens == 0 and num_decodes:
                 self._decode_step.update(compute_s)
                 self._decode_batch.update(num_decodes)
-            elif num_prefill_tokens >= 16:  # short chunks are dominated by fixed per-step cost
-                self._prefill.update(compute_s / (num_prefill_tokens + num_decodes))
         if copy_bytes > 0 and copy_s > 0:
             self._copy.update(copy_bytes / copy_s)
-        self.queued_copy_bytes = 0
 
     # ---- estimates --------------------------------------------------------------------------------------------
     @property
@@ -51,30 +57,40 @@ class CostModel:
         return self._step.value
 
     @property
+    def fit(self) -> StepTimeFit:
+        return self.steps.fit
+
+    @property
     def copy_bytes_per_s(self) -> float:
         return self._copy.value
 
-    def write_budget_bytes(self, fraction: float) -> int:
-        """Write-through bytes that finish within the next step's estimated compute time."""
-        return int(fraction * self.step_s * self.copy_bytes_per_s)
+    def copy_budget_blocks(self, fraction: float = 1.0) -> int:
+        """Blocks a copy job moves within `fraction` of the step's estimated compute time (at least one)."""
+        return max(1, int(fraction * self.step_s * self.copy_bytes_per_s) // self.block_bytes)
 
     def t_copy(self, num_blocks: int) -> float:
         return num_blocks * self.block_bytes / self.copy_bytes_per_s
 
-    def t_io(self, load_blocks: int, evict_blocks: int = 0) -> float:
-        """Queue-aware reload time: what is queued ahead, the eviction still owed, then the load itself."""
-        return (self.queued_copy_bytes / self.copy_bytes_per_s) + self.t_copy(evict_blocks) + self.t_copy(load_blocks)
+    def t_io(self, load_blocks: int, evict_blocks: int = 0, queued_blocks: int = 0) -> float:
+        """Queue-aware reload time: t_evict + t_load_queueing + t_load (paper §4.2.3). `evict_blocks` are tails
+        being evicted this step, which the copy job runs first; `queued_blocks` are loads already waiting. Loads
+        move at most `copy_budget_blocks` a step, so a long queue costs whole steps, not just its bytes."""
+        ahead = evict_blocks + queued_blocks
+        per_step = self.copy_budget_blocks()
+        steps_waiting = ahead // per_step  # whole steps whose copy budget the queue ahead fills
+        return steps_waiting * self.step_s + self.t_copy(ahead % per_step + load_blocks)
 
     def t_recompute(self, num_tokens: int) -> float:
-        return num_tokens * self._prefill.value
+        """Prefill-only: the step's fixed cost once per chunk plus the prefill cost of each token."""
+        fit = self.fit
+        chunks = math.ceil(num_tokens / self.prefill_chunk_tokens)
+        return chunks * fit.fixed_s + num_tokens * fit.prefill_s
 
     def realized_decode_tok_s(self) -> float:
         """Decode tokens/s at the batch sizes actually being run (memory and arrivals limit them)."""
         return max(self._decode_batch.value, 1.0) / max(self._decode_step.value, 1e-6)
 
-    def decode_capacity_tok_s(self, max_batch: float) -> float:
-        """Γ: tokens/s with max_batch streams decoding. Decode is bound by streaming the weights, so step time
-        is taken as the measured decode step time, growing only with the part of the batch beyond what was seen."""
-        seen = max(self._decode_batch.value, 1.0)
-        per_step = self._decode_step.value * max(1.0, max_batch / seen) ** 0.5
-        return max_batch / max(per_step, 1e-6)
+    def decode_capacity_tok_s(self, batch: float) -> float:
+        """Γ: decode tokens/s with `batch` streams decoding every step, from the step-time model."""
+        batch = max(batch, 1.0)
+        return batch / max(self.fit.predict(batch), 1e-6)

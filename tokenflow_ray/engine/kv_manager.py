@@ -4,10 +4,16 @@ Host block i of a stream mirrors its device block i, and `num_host_tokens` says 
 valid on the host. Full device blocks never change again, so write-through copies only full blocks; the partial
 last block goes over when the stream is preempted (its "unsynced tail"). Blocks already mirrored are freed at the
 moment of preemption; tail blocks are freed after their copy, at the end of the step (`pending_free`).
+
+A load (host -> device) reserves all its device blocks when it starts and is then copied in chunks over as many
+steps as the per-step copy budget needs, like write-through, so one large reload cannot stretch a step. The
+stream stays LOADING until its last chunk has landed; the loads still waiting form the live copy queue that the
+reload-or-recompute decision reads.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 from tokenflow_ray.engine.block_pool import BlockPool
@@ -24,6 +30,8 @@ class KVManager:
         self._write: list[BlockCopy] = []
         self._out: list[BlockCopy] = []
         self._in: list[BlockCopy] = []
+        self._load_queue: deque[BlockCopy] = deque()  # loads started but not yet planned into a step (FIFO)
+        self._loads_left: dict[str, int] = {}  # LOADING stream -> its blocks not yet landed
 
     def take_copies(self) -> tuple[tuple[BlockCopy, ...], tuple[BlockCopy, ...], tuple[BlockCopy, ...]]:
         """(write_through, swap_out, swap_in) planned since the last call."""
@@ -48,6 +56,8 @@ class KVManager:
         return True
 
     def release_device(self, stream: Stream) -> None:
+        if self._loads_left.pop(stream.stream_id, None) is not None:  # a load in flight: drop its queued chunks
+            self._load_queue = deque(c for c in self._load_queue if c.stream_id != stream.stream_id)
         if stream.block_ids:
             self.device.free(stream.block_ids)
             stream.block_ids = []
@@ -88,14 +98,46 @@ class KVManager:
         return freed_now, tail
 
     def start_load(self, stream: Stream) -> bool:
-        """Allocate device blocks and plan host -> device copies of the stream's host prefix."""
+        """Allocate device blocks and queue host -> device copies of the stream's host prefix."""
         n = self.device.blocks_for_tokens(stream.num_host_tokens)
         if not self.device.can_allocate(n):
             return False
         stream.block_ids = self.device.allocate(n)
-        for i in range(n):
-            self._in.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
+        self._load_queue.extend(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i])
+                                for i in range(n))
+        self._loads_left[stream.stream_id] = n
         return True
+
+    def plan_loads(self, budget_blocks: int) -> int:
+        """Move up to budget_blocks queued loads into this step's copies (oldest first); returns how many."""
+        n = min(budget_blocks, len(self._load_queue))
+        for _ in range(n):
+            self._in.append(self._load_queue.popleft())
+        return n
+
+    @property
+    def queued_load_blocks(self) -> int:
+        """Loads waiting for a later step's copy budget: the load queue a new reload would wait behind."""
+        return len(self._load_queue)
+
+    @property
+    def planned_evict_blocks(self) -> int:
+        """Swap-out tails planned for this step: the copy job runs them before any load."""
+        return len(self._out)
+
+    def loads_landed(self, copies: Iterable[BlockCopy]) -> list[str]:
+        """Count a finished step's loads; returns the streams whose whole prefix is now on the device."""
+        done = []
+        for c in copies:
+            left = self._loads_left.get(c.stream_id)
+            if left is None:
+                continue  # the stream ended while its copy ran
+            if left == 1:
+                del self._loads_left[c.stream_id]
+                done.append(c.stream_id)
+            else:
+                self._loads_left[c.stream_id] = left - 1
+        return done
 
     def finish_load(self, stream: Stream, keep_host_copy: bool = True) -> None:
         """The load landed. Without write-through the host copy is dropped (swap semantics: the KV lives in one
@@ -134,6 +176,9 @@ class KVManager:
         self.device.check_integrity([s.block_ids for s in streams] + [self.pending_free])
         if self.host is not None:
             self.host.check_integrity([s.host_block_ids for s in streams])
+        live = {s.stream_id for s in streams}
+        assert set(self._loads_left) <= live, "a load is queued for a stream that is gone"
+        assert all(c.stream_id in self._loads_left for c in self._load_queue), "queued load without its stream"
         for s in streams:
             assert s.num_host_tokens <= s.num_tokens, f"{s.stream_id}: host holds more than the stream"
             assert self.device.blocks_for_tokens(s.num_host_tokens) <= len(s.host_block_ids), \

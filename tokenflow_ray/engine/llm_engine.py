@@ -45,7 +45,8 @@ class LLMEngine:
         self.clock = clock or WallClock()
         self.pool = BlockPool(config.cache.num_device_blocks, config.cache.block_size)
         block_bytes = runner.info.kv_bytes_per_token * config.cache.block_size
-        self.scheduler = Scheduler(config.scheduler, self.pool, config.cache, CostModel(block_bytes))
+        cost = CostModel(block_bytes, prefill_chunk_tokens=config.scheduler.max_num_batched_tokens)
+        self.scheduler = Scheduler(config.scheduler, self.pool, config.cache, cost)
         self._decoders = DecoderFactory(tokenizer) if tokenizer is not None else None
         self._text: dict[str, _TextState] = {}
         self._pending: list[StreamOutput] = []  # outputs produced outside step(): aborts

@@ -7,9 +7,12 @@ its total (vLLM v1's rule), under a per-step token budget. One step, in order:
    the incoming ones need (blocks and sequence slots).
 2. Serve running streams in rank order; when one cannot grow, the lowest-ranked unserved running stream is
    preempted (memory-forced).
-3. Unless memory forced a preemption (so a full pool does not thrash), admit or resume streams in rank order:
-   a preempted stream resumes by loading its host copy or by recompute, whichever the cost model finds cheaper.
-4. Plan write-through of full blocks, larger buffers first (likelier victims), sized to the step's compute time.
+3. Unless memory forced a preemption (so a full pool does not thrash), admit or resume streams: the set the
+   rebalance chose first, then the rest in rank order. A preempted stream resumes by loading its host copy or by
+   recompute, whichever the cost model finds cheaper given the copies queued ahead of it.
+4. Copies share one budget per step (what finishes within the step's compute time): the tails of streams
+   preempted this step, then queued loads (chunked over steps), then write-through of full blocks, larger buffers
+   first (likelier victims).
 Preemption goes to the host store when the policy uses it and the store has room, else to recompute.
 """
 
@@ -38,7 +41,8 @@ class Scheduler:
         self.policy = policy or make_policy(config.policy, config.tokenflow, config.andes, config.fcfs_reserve_ratio)
         host = BlockPool(self.cache.num_host_blocks, block_pool.block_size) if self.cache.num_host_blocks else None
         self.kv = KVManager(block_pool, host)
-        self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size)
+        self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size,
+                                      prefill_chunk_tokens=config.max_num_batched_tokens)
         self.streams: dict[str, Stream] = {}  # live (unfinished) streams
         # Preemption cost (decision -> device blocks free), per block of each swap-out preemption: mirrored blocks
         # are free at the decision (0); tail blocks when their own copy to the host is done (StepResult.swap_out_s).
@@ -99,15 +103,22 @@ class Scheduler:
 
     def view(self, now: float) -> SchedulerView:
         live = list(self.streams.values())
+        # The working set (Eq. 6's W): streams admitted and not finished, on the device or paused; a stream that
+        # has never run is demand still outside it.
         working = [s for s in live if s.status != StreamStatus.WAITING or s.num_preemptions]
         paced = [s.rate for s in live if s.rate > 0]
         full = [self.pool.blocks_for_tokens(s.num_prompt_tokens + s.sampling.max_tokens) for s in live]
+        # Over its life a stream holds its prompt plus half its output on average: the batch the device holds.
+        life = [self.pool.blocks_for_tokens(s.num_prompt_tokens + s.sampling.max_tokens // 2) for s in live]
+        mean_life = sum(life) / len(life) if life else 1.0
         return SchedulerView(now=now, cost=self.cost, device_blocks=self.pool.num_blocks,
                              host_blocks=self.kv.host.num_blocks if self.kv.host else 0,
                              block_size=self.pool.block_size, max_num_seqs=self.config.max_num_seqs,
-                             num_working=len(working), sum_rate=sum(s.rate for s in live),
+                             num_working=len(working), sum_rate=sum(s.rate for s in working),
                              mean_full_blocks=sum(full) / len(full) if full else 1.0,
-                             mean_rate=sum(paced) / len(paced) if paced else 0.0)
+                             mean_rate=sum(paced) / len(paced) if paced else 0.0,
+                             max_device_batch=max(1, min(self.config.max_num_seqs,
+                                                         int(self.pool.num_blocks / max(mean_life, 1.0)))))
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
@@ -115,13 +126,14 @@ class Scheduler:
         live = list(self.streams.values())
         ranked = self.policy.rank(live, view)
         preempted, self._preempted_since_plan = self._preempted_since_plan, []
+        chosen: list[Stream] = []
         if self.policy.proactive and self.policy.should_rebalance(live, view):
-            preempted += self._rebalance(ranked, view)
+            chosen, paused = self._rebalance(ranked, view)
+            preempted += paused
 
         budget = self.config.max_num_batched_tokens
         decodes: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
-        scheduled: set[str] = set()
         forced = False
         queue = [s for s in ranked if s.status == StreamStatus.RUNNING]
         held = self.policy.hold(queue, view)
@@ -143,26 +155,36 @@ class Scheduler:
             if stream.status != StreamStatus.RUNNING:
                 continue
             (decodes if n == 1 else prefills).append(self._chunk(stream, n))
-            scheduled.add(stream.stream_id)
             budget -= n
 
         new_streams: list[tuple[str, SamplingParams]] = []
         if not forced:
-            budget = self._admit(ranked, view, budget, scheduled, prefills, new_streams, set(preempted))
-
-        if self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
-            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.buffer_s(now))
-            budget_blocks = self.cost.write_budget_bytes(self.cache.write_budget_fraction) // self.cost.block_bytes
-            self.kv.write_through(by_buffer, max(1, budget_blocks))
+            # The set the rebalance chose is admitted first (refine may have traded a stream for smaller ones).
+            members = {s.stream_id for s in chosen}
+            order = chosen + [s for s in ranked if s.stream_id not in members]
+            budget = self._admit(order, view, budget, prefills, new_streams, set(preempted))
+        self._plan_copies(now)
         write_through, swap_out, swap_in = self.kv.take_copies()
-        self.cost.queued_copy_bytes = (len(write_through) + len(swap_out) + len(swap_in)) * self.cost.block_bytes
         finished, self._finished_since_plan = tuple(self._finished_since_plan), []
         return StepPlan(step_id=next(self._step_ids), decodes=tuple(decodes), prefills=tuple(prefills),
                         preempted=tuple(preempted), finished=finished, new_streams=tuple(new_streams),
                         write_through=write_through, swap_out=swap_out, swap_in=swap_in)
 
-    def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> list[str]:
-        """Pause running streams outside the greedy device set, as many as the incoming streams need."""
+    def _plan_copies(self, now: float) -> None:
+        """Copies beside the model step must not outlast it. Tails already planned and queued loads (a reader
+        waits on them; at least a block a step) share what fits in the step's compute time; write-through, the
+        background work, gets `write_budget_fraction` of it, less what the others took."""
+        urgent = self.kv.planned_evict_blocks
+        if self.kv.queued_load_blocks:
+            urgent += self.kv.plan_loads(max(1, self.cost.copy_budget_blocks() - urgent))
+        budget = self.cost.copy_budget_blocks(self.cache.write_budget_fraction) - urgent
+        if budget > 0 and self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
+            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.buffer_s(now))
+            self.kv.write_through(by_buffer, budget)
+
+    def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> tuple[list[Stream], list[str]]:
+        """Choose the device set and pause running streams outside it, as many as the incoming streams need.
+        Returns (the chosen set in rank order, the streams paused)."""
         limit = self.policy.admission_limit(view)
         chosen: list[Stream] = []
         used = 0
@@ -170,14 +192,14 @@ class Scheduler:
         for s in ranked:
             if len(chosen) >= self.config.max_num_seqs:
                 break
-            if s.status == StreamStatus.WAITING and not s.num_preemptions:
-                if working >= limit:
-                    continue
-                working += 1
+            is_new = s.status == StreamStatus.WAITING and not s.num_preemptions
+            if is_new and working >= limit:
+                continue
             need = self.pool.blocks_for_tokens(s.num_tokens + 1)
             if used + need <= self.pool.num_blocks:
                 chosen.append(s)
                 used += need
+                working += is_new  # only a stream that joins the set grows the working set
         chosen = self.policy.refine(chosen, ranked, view)
         members = {s.stream_id for s in chosen}
         incoming = self._admissible_before_next_rebalance([s for s in chosen if s.status not in _ACTIVE],
@@ -194,7 +216,7 @@ class Scheduler:
                 slots -= 1
                 self._preempt(s, view)
                 paused.append(s.stream_id)
-        return paused
+        return chosen, paused
 
     def _admissible_before_next_rebalance(self, incoming: list[Stream], set_size: int,
                                           view: SchedulerView) -> list[Stream]:
@@ -211,15 +233,16 @@ class Scheduler:
             taken.append(s)
         return taken
 
-    def _admit(self, ranked: list[Stream], view: SchedulerView, budget: int, scheduled: set[str],
-               prefills: list[ScheduledChunk], new_streams: list[tuple[str, SamplingParams]],
-               preempted_now: set[str]) -> int:
+    def _admit(self, order: list[Stream], view: SchedulerView, budget: int, prefills: list[ScheduledChunk],
+               new_streams: list[tuple[str, SamplingParams]], preempted_now: set[str]) -> int:
+        """Admit or resume streams in the given order; a stream that cannot start stops the walk (the order is
+        the policy's, so nobody behind it jumps ahead)."""
         active = self.by_status(*_ACTIVE)
         num_active = len(active)
         reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
         limit = self.policy.admission_limit(view)
         working = view.num_working
-        for stream in ranked:
+        for stream in order:
             if stream.status not in (StreamStatus.WAITING, StreamStatus.PREEMPTED):
                 continue
             if budget <= 0 or num_active >= self.config.max_num_seqs:
@@ -259,12 +282,14 @@ class Scheduler:
         return budget
 
     def _resume_by_load(self, stream: Stream) -> bool:
-        """Reload unless recomputing is cheaper than the (queue-aware) I/O (paper §4.2.3)."""
+        """Reload unless recomputing is cheaper than the I/O, with the copies queued ahead of it now: tails being
+        evicted this step and loads still waiting (paper §4.2.3, t_IO against t_recompute)."""
         if stream.num_host_tokens == 0 or self.cache.resume_mode == "recompute":
             return False
         if self.cache.resume_mode == "load":
             return True
-        t_io = self.cost.t_io(load_blocks=len(stream.host_block_ids))
+        t_io = self.cost.t_io(load_blocks=self.pool.blocks_for_tokens(stream.num_host_tokens),
+                              evict_blocks=self.kv.planned_evict_blocks, queued_blocks=self.kv.queued_load_blocks)
         return t_io <= self.cost.t_recompute(stream.num_host_tokens)
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[tuple[Stream, int]]:
@@ -273,11 +298,10 @@ class Scheduler:
         Returns (stream, new_token) pairs in plan order; a stream that finished has its terminal status set.
         """
         self.kv.step_done()
-        for sid in {c.stream_id for c in plan.swap_in}:
-            stream = self.streams.get(sid)
-            if stream is not None and stream.status == StreamStatus.LOADING:
-                self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
-                stream.status = StreamStatus.RUNNING
+        for sid in self.kv.loads_landed(plan.swap_in):  # a chunked load is done when its last chunk lands
+            stream = self.streams[sid]
+            self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
+            stream.status = StreamStatus.RUNNING
         swaps, self._swap_blocks = self._swap_blocks, {}
         for sid in plan.preempted:
             if sid in swaps:

@@ -24,9 +24,10 @@ class SchedulerView:
     block_size: int
     max_num_seqs: int
     num_working: int  # streams admitted and not finished: running, loading or preempted
-    sum_rate: float  # Σ declared rates of all live streams: the demand on decode capacity
+    sum_rate: float  # Σ declared rates of the working set (Eq. 6): the demand admitted onto decode capacity
     mean_full_blocks: float  # declared full-length footprint (prompt + max_tokens) of a live stream, in blocks
     mean_rate: float  # mean declared rate of live paced streams (0 if none)
+    max_device_batch: int = 1  # streams the device holds at once (memory at mean mid-life length, max_num_seqs)
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

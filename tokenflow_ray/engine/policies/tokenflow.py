@@ -82,7 +82,9 @@ class TokenFlowPolicy(SchedulingPolicy):
         return c.gamma * penalty + self._next_token_value(s, view) * waited_s(s, view.now) / c.delta_t
 
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
-        capacity = view.cost.decode_capacity_tok_s(view.max_num_seqs)
+        # Γ at the batch the device can hold, from the step-time model: not the batch this policy chose to run,
+        # which would make a policy that runs few streams measure little capacity and keep running few.
+        capacity = view.cost.decode_capacity_tok_s(view.max_device_batch)
         self.overloaded = view.sum_rate > self.config.overload_margin * capacity
         # D uses the throughput at the batches actually run: Γ at max_num_seqs overstates it when memory keeps
         # the batch small, and an early D only disables pacing.
@@ -166,7 +168,7 @@ class TokenFlowPolicy(SchedulingPolicy):
         n = view.num_working
         w_sched = w_static - self.config.lam * (w_static - n) if n < w_static else float(w_static)
         if view.mean_rate > 0:
-            w_sched = min(w_sched, view.cost.decode_capacity_tok_s(view.max_num_seqs) / view.mean_rate)
+            w_sched = min(w_sched, view.cost.decode_capacity_tok_s(view.max_device_batch) / view.mean_rate)
         return max(w_sched, 1.0)  # an empty working set always takes one stream: never a deadlock
 
     def refine(self, chosen: list[Stream], ranked: Sequence[Stream], view: SchedulerView) -> list[Stream]:

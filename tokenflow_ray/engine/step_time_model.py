@@ -1,0 +1,108 @@
+"""Step time as a function of what a step runs: t ≈ a + b_d·decodes + b_p·prefill_tokens.
+
+The scheduler needs step times for batches it has *not* run: the decode capacity Γ at the largest batch the device
+can hold (the overload test, Eq. 6, and the working-set cap), and the time to recompute a paused stream's prefix.
+Extrapolating from the batch a policy happened to run is circular: a policy that runs few streams would measure a
+small capacity and keep running few streams (issue 13: 40 streams collapsed to 1.8 running). A linear model in the
+step's decode and prefill token counts separates the fixed per-step cost (weights streamed once per step) from the
+per-token costs, so it predicts any batch from the mixed steps every policy runs anyway.
+
+Fit: exponentially weighted least squares (recent steps count more, so the model follows contention on a shared
+machine) with a ridge prior towards the constructor's defaults, so the estimate is defined before the features
+have varied (a prior worth `prior_weight` steps, so real data outweighs it from the first step). Pure Python: a 3x3
+solve per estimate, cached until the next observation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Feature scales of the prior: a typical decode batch and prefill chunk. The ridge penalty is set per feature so a
+# prior of one pseudo-step weighs the same in every direction.
+_DECODE_SCALE = 8.0
+_PREFILL_SCALE = 64.0
+
+
+@dataclass(frozen=True)
+class StepTimeFit:
+    fixed_s: float  # a: per-step cost independent of tokens (>= 0)
+    decode_s: float  # b_d: per decode token (>= 0)
+    prefill_s: float  # b_p: per prefill token (> 0)
+
+    def predict(self, decodes: float, prefill_tokens: float = 0.0) -> float:
+        return self.fixed_s + self.decode_s * decodes + self.prefill_s * prefill_tokens
+
+
+class StepTimeModel:
+    def __init__(self, step_s: float = 0.02, prefill_s_per_token: float = 5e-4, decay: float = 0.99,
+                 prior_weight: float = 0.1) -> None:
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay: must be in (0, 1], got {decay!r}")
+        if not (math.isfinite(prior_weight) and prior_weight > 0):
+            raise ValueError(f"prior_weight: must be > 0, got {prior_weight!r}")
+        self.decay = decay
+        self._prior = (step_s, 0.0, prefill_s_per_token)  # decode cost 0 a priori: decode is weight-bound
+        self._ridge = (prior_weight, prior_weight * _DECODE_SCALE ** 2, prior_weight * _PREFILL_SCALE ** 2)
+        self._floor_prefill = prefill_s_per_token * 1e-3  # recompute is never free
+        self._xx = [[0.0] * 3 for _ in range(3)]  # Σ w·x·xᵀ
+        self._xy = [0.0] * 3  # Σ w·x·y
+        self.samples = 0
+        self._fit: StepTimeFit | None = None
+
+    def observe(self, decodes: int, prefill_tokens: int, compute_s: float) -> None:
+        if compute_s <= 0 or (decodes == 0 and prefill_tokens == 0):
+            return
+        x = (1.0, float(decodes), float(prefill_tokens))
+        d = self.decay
+        for i in range(3):
+            self._xy[i] = d * self._xy[i] + x[i] * compute_s
+            for j in range(3):
+                self._xx[i][j] = d * self._xx[i][j] + x[i] * x[j]
+        self.samples += 1
+        self._fit = None
+
+    @property
+    def fit(self) -> StepTimeFit:
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> StepTimeFit:
+        # Costs are not negative: when noise or a barely varied feature pushes a coefficient below its bound,
+        # pin it there and refit the others (an active-set step), so the fit still matches the data it saw.
+        lower = (0.0, 0.0, self._floor_prefill)
+        pinned: dict[int, float] = {}
+        while True:
+            theta = self._solve_with(pinned)
+            below = [i for i in range(3) if i not in pinned and theta[i] < lower[i]]
+            if not below:
+                return StepTimeFit(*theta)
+            worst = min(below, key=lambda i: theta[i] - lower[i])
+            pinned[worst] = lower[worst]
+
+    def _solve_with(self, pinned: dict[int, float]) -> list[float]:
+        free = [i for i in range(3) if i not in pinned]
+        a = [[self._xx[i][j] + (self._ridge[i] if i == j else 0.0) for j in free] for i in free]
+        b = [self._xy[i] + self._ridge[i] * self._prior[i] - sum(self._xx[i][k] * v for k, v in pinned.items())
+             for i in free]
+        theta = dict(pinned)
+        theta.update(zip(free, _solve(a, b)))
+        return [theta[i] for i in range(3)]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting; the ridge keeps the matrix positive definite."""
+    n = len(b)
+    m = [row[:] + [rhs] for row, rhs in zip(a, b)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
