@@ -81,3 +81,29 @@ def test_recompute_estimate_is_prefill_only():
     # put it near 100 x 4.4e-4 s.
     assert cost.t_recompute(100) == pytest.approx(0.002 + 100 * 1e-3, rel=0.05)
     assert cost.t_recompute(600) == pytest.approx(3 * 0.002 + 600 * 1e-3, rel=0.05)  # three 256-token chunks
+
+
+@pytest.mark.parametrize("margin", [1.0, 2.0])
+def test_overload_margin_bounds_the_working_set_demand(margin):
+    """Streams join the working set until its Σ rates reach margin × Γ; past that nobody new is admitted (Eq. 6).
+    Γ here: 7 streams fit the device at mid-life (11 of its 80 blocks each), 10 ms a step whatever the batch -> 700
+    tok/s; 40 streams at 40 tok/s."""
+    from tokenflow_ray.engine.policies import TokenFlowConfig
+
+    engine, _ = make_fake_engine(num_blocks=80, block_size=8, max_num_seqs=8, max_num_batched_tokens=256,
+                                 policy="tokenflow", num_host_blocks=4096,
+                                 tokenflow=TokenFlowConfig(overload_margin=margin, lam=0.0, delta_t=0.05))
+    for i in range(40):
+        engine.add_request([i + 1] * 16, SamplingParams(max_tokens=144, ignore_eos=True), rate=40.0)
+    sched = engine.scheduler
+    most = 0
+    for _ in range(150):
+        engine.step()
+        engine.check_integrity()
+        engine.clock.advance(engine.runner.step_cost_s)
+        most = max(most, sched.view(engine.clock.now()).num_working)
+    view = sched.view(engine.clock.now())
+    assert view.max_device_batch == 7
+    capacity = sched.cost.decode_capacity_tok_s(view.max_device_batch)
+    assert capacity == pytest.approx(700, rel=0.05)
+    assert most == pytest.approx(margin * capacity / 40.0, abs=2)
