@@ -24,7 +24,16 @@ class LoadResult:
 
     @property
     def records(self) -> list:
+        """Admitted streams that produced a token: what summaries are over (a rejected stream has no record)."""
         return [r.record for r in self.results if r.record is not None]
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(r.rejected for r in self.results)
+
+    @property
+    def num_admitted(self) -> int:
+        return len(self.results) - self.num_rejected
 
     @property
     def num_complete(self) -> int:

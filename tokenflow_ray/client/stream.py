@@ -41,12 +41,15 @@ class StreamResult:
     num_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    # A 429 is the server refusing the stream (its queues are full), not a failure: it is counted apart.
+    rejected: bool = False
+    retry_after_s: float | None = None  # the 429's Retry-After
     reports_sent: int = 0
     report_errors: list[int] = field(default_factory=list)  # HTTP statuses of failed reports
 
     @property
     def complete(self) -> bool:
-        return self.error is None and self.finish_reason is not None
+        return self.error is None and not self.rejected and self.finish_reason is not None
 
 
 class PacedStreamClient:
@@ -89,6 +92,12 @@ class PacedStreamClient:
         try:
             async with self.http.stream("POST", self.base + path, json=self._body(spec),
                                         headers=self.headers) as resp:
+                if resp.status_code == 429:
+                    await resp.aread()
+                    result.rejected = True
+                    retry = resp.headers.get("retry-after", "")
+                    result.retry_after_s = float(retry) if retry.isdigit() else None
+                    return result
                 if resp.status_code != 200:
                     result.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')}"
                     return result

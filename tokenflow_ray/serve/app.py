@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from ray import serve
 from ray.serve import Application
 
-from tokenflow_ray.serve.central import central_name
+from tokenflow_ray.serve.central import CentralSettings, central_name
 from tokenflow_ray.serve.config import ServeConfig
 from tokenflow_ray.serve.ingress import IngressSettings, make_ingress
 from tokenflow_ray.serve.replica import LLMServer, ReplicaSettings
@@ -23,17 +23,22 @@ IMAGE_DEPLOYMENT = "ImageTokenizerDeployment"
 
 def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Application:
     """`routers` is the seam for extra routes; the image tokenizer's are added when config.images is set."""
-    central = central_name(config.app_name)
+    central = CentralSettings(central_name(config.app_name), config.central_namespace,
+                              register_grace_s=config.register_grace_s)
+    adm = config.admission()
     llm = serve.deployment(LLMServer, name="LLMServer").options(
         num_replicas=config.replicas,
-        # Serve's default of 5 would cap the engine's batch (ray-notes §6.1); one engine slot per request.
-        max_ongoing_requests=config.max_num_seqs,
-        max_queued_requests=-1,
+        # A replica takes every stream its working set can hold, not just a batch (admission.py; Serve's default
+        # of 5 would cap even the batch, ray-notes §6.1): streams beyond the batch wait in the engine, where the
+        # policy ranks them. Past the bounded queue the handle raises BackPressureError; the ingress answers 429.
+        max_ongoing_requests=adm.max_ongoing_requests,
+        max_queued_requests=adm.max_queued_requests,
+        backpressure_config={"status_code": 429, "retry_after_s": config.retry_after_s},
         ray_actor_options={"num_cpus": config.num_cpus, "num_gpus": config.num_gpus},
         health_check_period_s=10,
         health_check_timeout_s=60,
     ).bind(config.engine_config(),
-           ReplicaSettings(central, config.central_namespace, grouping=config.grouping(),
+           ReplicaSettings(central, grouping=config.grouping(),
                            torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0))
     extra: list[Any] = []
     routers = list(routers)
@@ -48,8 +53,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         ray_actor_options={"num_cpus": 0},
     )
     settings = IngressSettings(model=config.model, default_max_tokens=config.default_max_tokens,
-                               max_body_bytes=config.max_body_bytes, api_key=config.api_key,
-                               central_name=central, central_namespace=config.central_namespace)
+                               max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
     return ingress.bind(llm, settings, *extra)
 
 

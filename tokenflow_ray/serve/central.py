@@ -3,14 +3,17 @@
 Serve replicas cannot be called by method from outside the app, so delivery is a long-poll: each replica keeps one
 `wait_reports(replica_id, stats)` call open; it returns as soon as reports for that replica are pending (an
 asyncio.Event) or after `poll_s`. The same call carries the replica's stats back, which /metrics and routing read.
-The actor never sits on the token path. It is named, detached and restartable: after a restart its tables are
-empty, and replicas re-register their live streams when their poll fails.
+The actor never sits on the token path: replicas register a stream without waiting for the answer, so a client's
+first report may arrive before the registration does; `report` then waits for it up to `register_grace_s`. It is
+named, detached and restartable: after a restart its tables are empty, and replicas re-register their live streams
+when their poll fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import ray
@@ -26,11 +29,27 @@ class StreamEntry:
     last_report_t: float | None = None
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+@dataclass(frozen=True)
+class CentralSettings:
+    """Where the actor lives and how it behaves; whichever deployment creates it first passes these."""
+
+    name: str
+    namespace: str
+    poll_s: float = 1.0  # a replica's report long-poll returns after this long without reports
+    register_grace_s: float = 2.0  # a report for an unregistered id waits this long for its registration
+    finished_memory: int = 4096  # recently finished ids kept, so reports for them are 404 at once
+
+
 class CentralScheduler:
-    def __init__(self, poll_s: float = 1.0) -> None:
+    """The actor's class (created with ACTOR_OPTIONS by get_central; tests subclass it)."""
+
+    def __init__(self, poll_s: float = 1.0, register_grace_s: float = 2.0, finished_memory: int = 4096) -> None:
         self.poll_s = poll_s
+        self.register_grace_s = register_grace_s
+        self.finished_memory = finished_memory
         self.streams: dict[str, StreamEntry] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()  # bounded, oldest first
+        self.arrivals: dict[str, asyncio.Event] = {}  # ids that reports are waiting on
         self.pending: dict[str, list[Report]] = {}
         self.events: dict[str, asyncio.Event] = {}
         self.replica_stats: dict[str, tuple[float, dict]] = {}
@@ -38,15 +57,42 @@ class CentralScheduler:
     def _event(self, replica_id: str) -> asyncio.Event:
         return self.events.setdefault(replica_id, asyncio.Event())
 
+    def _arrived(self, stream_id: str) -> None:
+        event = self.arrivals.pop(stream_id, None)
+        if event is not None:
+            event.set()
+
     async def register(self, stream_id: str, replica_id: str, rate: float | None) -> None:
+        if stream_id in self.finished:  # a registration that lost the race with its stream's end
+            return
         self.streams[stream_id] = StreamEntry(replica_id, rate)
+        self._arrived(stream_id)
 
     async def deregister(self, stream_id: str) -> None:
         self.streams.pop(stream_id, None)
+        self.finished[stream_id] = None
+        self.finished.move_to_end(stream_id)
+        while len(self.finished) > self.finished_memory:
+            self.finished.popitem(last=False)
+        self._arrived(stream_id)  # a report waiting on it answers "finished" now, not after the grace
+
+    async def _entry(self, stream_id: str) -> StreamEntry | None:
+        entry = self.streams.get(stream_id)
+        if entry is not None or stream_id in self.finished or self.register_grace_s <= 0:
+            return entry
+        # Not registered yet (registration is off the token path, so a report right after the first token can
+        # get here first), or never existed: wait for it, bounded.
+        event = self.arrivals.setdefault(stream_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), self.register_grace_s)
+        except asyncio.TimeoutError:
+            if self.arrivals.get(stream_id) is event:
+                del self.arrivals[stream_id]
+        return self.streams.get(stream_id)
 
     async def report(self, report: Report) -> bool:
         """Queue a client's report for the owning replica; False if the stream is unknown or finished."""
-        entry = self.streams.get(report.stream_id)
+        entry = await self._entry(report.stream_id)
         if entry is None:
             return False
         entry.last_report, entry.last_report_t = report, time.time()
@@ -84,10 +130,16 @@ def central_name(app_name: str) -> str:
     return f"tokenflow-central-{app_name}"
 
 
-def get_central(name: str, namespace: str, poll_s: float = 1.0) -> ray.actor.ActorHandle:
+# max_task_retries=0: a report or registration is not replayed into a restarted actor; replicas re-register.
+ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
+_CentralActor = ray.remote(**ACTOR_OPTIONS)(CentralScheduler)
+
+
+def get_central(settings: CentralSettings) -> ray.actor.ActorHandle:
     """The named actor, created by whichever deployment asks first (detached: it outlives its creator)."""
-    return CentralScheduler.options(name=name, namespace=namespace, lifetime="detached",
-                                    get_if_exists=True).remote(poll_s)
+    return _CentralActor.options(name=settings.name, namespace=settings.namespace, lifetime="detached",
+                                 get_if_exists=True).remote(settings.poll_s, settings.register_grace_s,
+                                                            settings.finished_memory)
 
 
 def kill_central(name: str, namespace: str) -> None:

@@ -37,7 +37,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tokenflow_ray.serve.demo import demo_config, print_table, run_demo
     from tokenflow_ray.serve.plots import write_plots
 
-    cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate)
+    cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate, quick=args.quick)
     report, runs = run_demo(cfg)
     print_table(report)
     if args.plots:
@@ -61,9 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = sub.add_parser("demo", help="a burst of paced streaming clients over HTTP under each policy, compared")
     d.add_argument("--policies", default="tokenflow,fcfs", help="comma-separated policy names")
-    d.add_argument("--streams", type=int, help="streams in the burst (default 48)")
-    d.add_argument("--max-tokens", type=int, help="tokens per stream (default 128)")
+    d.add_argument("--streams", type=int, help="streams in the burst (default 48, 16 with --quick)")
+    d.add_argument("--max-tokens", type=int, help="tokens per stream (default 128, 48 with --quick)")
     d.add_argument("--rate", type=float, help="each reader's consumption rate, tokens/s (default 16)")
+    d.add_argument("--quick", action="store_true",
+                   help="a short run (16 streams x 48 tokens, both policies): a fresh-install check")
     d.add_argument("--plots", default="out/demo", metavar="DIR", help="where the PNG plots go")
     d.add_argument("--json", metavar="PATH")
     d.set_defaults(handler=_demo)

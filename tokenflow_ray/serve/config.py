@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.policies import make_policy
+from tokenflow_ray.serve.admission import Admission, admission
 from tokenflow_ray.serve.grouping import GroupingConfig
 
 
@@ -42,8 +43,19 @@ class ServeConfig:
     block_size: int = 16
     num_device_blocks: int = 1024  # device KV pool per replica, in blocks
     num_host_blocks: int = 4096  # CPU spill store per replica, in blocks (host memory is the cheap tier)
-    max_num_seqs: int = 64  # engine batch cap; also the replica's Serve max_ongoing_requests
+    max_num_seqs: int = 64  # engine batch cap (streams in one step)
     max_num_batched_tokens: int = 512
+    # Admission (admission.py). A replica accepts the streams its device pool + host store can keep at
+    # expected_stream_tokens (prompt + output) each, at least max_num_seqs; Serve queues at most
+    # max_queued_requests more per caller (None: a quarter of what the replicas hold; -1: unbounded), and answers
+    # the rest 429 with Retry-After: retry_after_s.
+    expected_stream_tokens: int = 512
+    max_ongoing_requests: int | None = None  # per replica; None: derived from the working set
+    max_queued_requests: int | None = None
+    retry_after_s: int = 1
+    # A consumption report may beat its stream's (asynchronous) registration to the central actor: it waits up to
+    # this long for it before answering 404.
+    register_grace_s: float = 2.0
     default_rate: float = 0.0  # consumption rate of requests without `consumption_rate` (tokens/s; 0: unpaced)
     default_max_tokens: int = 16  # OpenAI's default for completions
     # The first token goes at once; later ones are grouped at least stream_interval_s and at most
@@ -77,12 +89,32 @@ class ServeConfig:
         _require(self.default_max_tokens > 0, "default_max_tokens: must be positive")
         self.grouping()  # validates the stream interval fields
         _require(self.num_cpus >= 0 and self.num_gpus >= 0, "num_cpus/num_gpus: must be >= 0")
-        _require(self.ingress_max_ongoing >= self.max_num_seqs, "ingress_max_ongoing: must be >= max_num_seqs")
+        _require(self.expected_stream_tokens >= 1, "expected_stream_tokens: must be >= 1")
+        _require(self.max_ongoing_requests is None or self.max_ongoing_requests >= self.max_num_seqs,
+                 "max_ongoing_requests: must be >= max_num_seqs (the engine's batch must be fillable)")
+        _require(self.max_queued_requests in (None, -1) or self.max_queued_requests >= 1,
+                 "max_queued_requests: must be >= 1, or -1 for unbounded")
+        _require(self.retry_after_s >= 0, "retry_after_s: must be >= 0")
+        _require(math.isfinite(self.register_grace_s) and self.register_grace_s >= 0,
+                 "register_grace_s: must be a finite number >= 0")
+        # Every request the replicas could hold or queue must get through the ingress to the LLMServer router:
+        # one held back in the ingress's own (unbounded) queue is neither scheduled nor ever answered 429.
+        adm = self.admission()
+        reachable = self.replicas * adm.max_ongoing_requests + max(0, adm.max_queued_requests)
+        _require(self.ingress_max_ongoing >= reachable,
+                 "ingress_max_ongoing: must be >= replicas x max_ongoing_requests + max_queued_requests")
         _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
         _require(self.max_body_bytes >= 1024, "max_body_bytes: must be >= 1024")
         _require(0 <= self.port < 65536, "port: must be in [0, 65535]")
         _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.images is missing")
         self.engine_config()  # engine-level validation now, not in a replica
+
+    def admission(self) -> Admission:
+        return admission(max_num_seqs=self.max_num_seqs, num_device_blocks=self.num_device_blocks,
+                         num_host_blocks=self.num_host_blocks, block_size=self.block_size,
+                         expected_stream_tokens=self.expected_stream_tokens, replicas=self.replicas,
+                         max_ongoing_requests=self.max_ongoing_requests,
+                         max_queued_requests=self.max_queued_requests)
 
     def grouping(self) -> GroupingConfig:
         return GroupingConfig(self.stream_interval_s, self.stream_max_interval_s, self.stream_events_per_s)

@@ -9,6 +9,7 @@ HTTP errors: the ingress waits for the replica's first delta before it sends the
 
 
 import hmac
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -18,10 +19,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenflow_ray.serve.central import get_central
+from tokenflow_ray.serve.central import CentralSettings, get_central
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.protocol import (
     APIError,
@@ -40,13 +42,20 @@ class IngressSettings:
     default_max_tokens: int
     max_body_bytes: int
     api_key: str | None
-    central_name: str
-    central_namespace: str
+    central: CentralSettings
 
 
 def _error_response(exc: APIError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if exc.retry_after_s is not None:
+        headers = {"Retry-After": str(max(0, math.ceil(exc.retry_after_s)))}  # RFC 9110: integer seconds
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _queue_full(exc: BackPressureError) -> APIError:
+    # The LLMServer deployment's backpressure_config carries the server's Retry-After (app.py).
+    return APIError(429, "every replica's queue is full; retry later", code="queue_full",
+                    retry_after_s=exc.retry_after_s)
 
 
 def _install_error_handlers(api: FastAPI) -> None:
@@ -81,7 +90,7 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
             self.llm = llm.options(stream=True)
             self.llm_unary = llm
             self.s = settings
-            self.central = get_central(settings.central_name, settings.central_namespace)
+            self.central = get_central(settings.central)
 
         # ---- request plumbing ---------------------------------------------------------------------------------
         def _auth(self, request: Request) -> None:
@@ -136,7 +145,10 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
             gen = self.llm.generate.remote(GenerateRequest(stream_id, sampling, rate=req.consumption_rate,
                                                            **prompt))
             try:
+                # The handle routes on the first await: a full queue raises BackPressureError here, not at .remote().
                 first = await gen.__anext__()
+            except BackPressureError as exc:
+                raise _queue_full(exc) from None
             except ValueError as exc:
                 raise engine_value_error(_cause(exc)) from None  # type: ignore[arg-type]
             chat = isinstance(req, ChatCompletionRequest)

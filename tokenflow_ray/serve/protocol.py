@@ -21,9 +21,11 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: 
 class APIError(Exception):
     """An error the client caused or can retry; rendered as OpenAI's {"error": {...}} with its status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after_s = retry_after_s  # set: the response carries Retry-After
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": _ERROR_TYPES.get(self.status, "api_error"),

@@ -18,7 +18,7 @@ from ray import serve
 
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
-from tokenflow_ray.serve.central import get_central
+from tokenflow_ray.serve.central import CentralSettings, get_central
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplicaSettings:
-    central_name: str
-    central_namespace: str
+    central: CentralSettings
     grouping: GroupingConfig = GroupingConfig()
     stats_interval_s: float = 0.5  # stats ride on the report long-poll at most this often
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
@@ -47,7 +46,7 @@ class LLMServer:
         self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.central = get_central(settings.central_name, settings.central_namespace)
+        self.central = get_central(settings.central)
         self.metrics = ReplicaMetrics(engine_config.model.model)
         self.totals = StreamTotals()
         self._seen_finished = 0
@@ -59,12 +58,16 @@ class LLMServer:
     # ---- token path -------------------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
         prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
-        loop = asyncio.get_running_loop()
-        registered: list[asyncio.Future] = []
+        registered = False
 
-        def on_added(sid: str) -> None:  # registration runs while the prompt is prefilled
+        def on_added(sid: str) -> None:
+            # Fire and forget: the first token never waits for the central actor. A report that beats the
+            # registration there waits for it (CentralScheduler.register_grace_s). Submitted here, on the event
+            # loop, so it reaches the actor before this stream's deregister.
+            nonlocal registered
+            registered = True
             self._live[sid] = req.rate
-            registered.append(loop.create_task(self._register(sid, req.rate)))
+            self._register(sid, req.rate)
 
         grouper = DeltaGrouper(self.settings.grouping,
                                self.engine.config.default_rate if req.rate is None else req.rate)
@@ -78,8 +81,6 @@ class LLMServer:
                 n_new += len(out.token_ids)
                 now = time.monotonic()
                 if grouper.due(now, out.finished, self._active):
-                    if grouper.last_at is None and registered:
-                        await registered[0]  # reports for this stream may follow its first token
                     yield Delta("".join(text), n_new, out.num_prompt_tokens, out.num_output_tokens,
                                 out.finished, out.finish_reason)
                     grouper.sent_now(now, n_new)
@@ -87,7 +88,8 @@ class LLMServer:
                     n_new = 0
         finally:
             self._active -= 1
-            if self._live.pop(req.stream_id, None) is not None or registered:
+            self._live.pop(req.stream_id, None)
+            if registered:
                 self.central.deregister.remote(req.stream_id)
 
     def _chat_prompt(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
@@ -100,11 +102,12 @@ class LLMServer:
             ids = ids["input_ids"]
         return list(ids)
 
-    async def _register(self, sid: str, rate: float | None) -> None:
-        try:
-            await self.central.register.remote(sid, self.replica_id, rate)
-        except Exception:  # the central actor is restarting: the poll loop re-registers
-            log.warning("could not register stream %s with the central actor", sid)
+    def _register(self, sid: str, rate: float | None) -> None:
+        def done(fut) -> None:  # a Ray worker thread; only logs
+            if fut.exception() is not None:  # the central actor is restarting: the poll loop re-registers
+                log.warning("could not register stream %s with the central actor: %s", sid, fut.exception())
+
+        self.central.register.remote(sid, self.replica_id, rate).future().add_done_callback(done)
 
     # ---- consumption reports and stats ------------------------------------------------------------------------
     async def _poll_loop(self) -> None:

@@ -1,0 +1,53 @@
+"""How many streams a replica accepts, and how many more Serve may queue for it: derived from its working set.
+
+A replica's engine holds every stream it accepts: RUNNING ones in the device KV pool, paused ones in the host spill
+store, the rest WAITING (no KV yet) while its policy decides who runs. A stream Serve holds back in its own queue
+is seen by no policy, so the replica should accept as many streams as its memory can keep, not just a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Admission:
+    max_ongoing_requests: int  # Serve's per-replica concurrency: streams one replica's engine holds
+    max_queued_requests: int  # Serve's bound on requests waiting in a caller's router (-1: unbounded)
+
+
+def working_set_streams(num_device_blocks: int, num_host_blocks: int, block_size: int,
+                        expected_stream_tokens: int) -> int:
+    """Streams of the expected length whose KV fits in the device pool and the host store together.
+
+    With write-through, a running stream's full blocks are also mirrored on the host, so the sum is an upper bound
+    on the streams that keep their KV somewhere. It is the right side to err on: a stream accepted beyond it waits
+    in the engine without KV (WAITING costs nothing until admitted) where the policy can still rank it against the
+    others; one refused by Serve waits where nothing can.
+    """
+    per_stream = -(-expected_stream_tokens // block_size)
+    return (num_device_blocks + num_host_blocks) // per_stream
+
+
+def derived_queue_bound(replicas: int, max_ongoing_requests: int) -> int:
+    """A quarter of the streams all replicas hold, at least 1.
+
+    Serve's queue (in each caller's router) holds requests no replica has room for. They leave it only as streams
+    finish: replicas x max_ongoing of them per stream lifetime, so a queue of a quarter of that makes its last
+    request wait about a quarter of a stream's life before any replica even sees it. Past that, a 429 with
+    Retry-After (the client, or a balancer in front, retries later or elsewhere) serves better than an unbounded
+    wait that no scheduling policy sees.
+    """
+    return max(1, replicas * max_ongoing_requests // 4)
+
+
+def admission(*, max_num_seqs: int, num_device_blocks: int, num_host_blocks: int, block_size: int,
+              expected_stream_tokens: int, replicas: int, max_ongoing_requests: int | None,
+              max_queued_requests: int | None) -> Admission:
+    """Explicit values win; None derives. Never below max_num_seqs: the engine's batch must be fillable."""
+    ongoing = max_ongoing_requests
+    if ongoing is None:
+        ongoing = max(max_num_seqs, working_set_streams(num_device_blocks, num_host_blocks, block_size,
+                                                        expected_stream_tokens))
+    queued = derived_queue_bound(replicas, ongoing) if max_queued_requests is None else max_queued_requests
+    return Admission(ongoing, queued)
