@@ -18,6 +18,20 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def write_json(path: str | None, obj: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -49,12 +63,17 @@ def _peer(args: argparse.Namespace) -> int:
     from tokenflow_ray.bench.peer.peer_bench import PeerBenchConfig, print_table, run_peer_bench
     from tokenflow_ray.bench.peer.vllm_env import PeerError
 
-    cfg = PeerBenchConfig(workload=args.workload, streams=args.streams, prompt_len=args.prompt_len,
+    if args.loads is not None and not args.sweep:
+        raise ValueError("--loads needs --sweep")
+    streams = 64 if args.streams is None else args.streams  # --load/--sweep size it from the capacity instead
+    cfg = PeerBenchConfig(workload=args.workload, streams=streams, prompt_len=args.prompt_len,
                           max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
                           arrival_rate=args.arrival_rate, kv_blocks=args.kv_blocks, host_blocks=args.host_blocks,
                           threads=args.threads, systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                           seed=args.seed, timeout_s=args.timeout, vllm_env=args.vllm_env, repeats=args.repeats,
                           log_dir=args.plots or (str(Path(args.json).parent) if args.json else None))
+    if args.sweep or args.load is not None:
+        return _peer_at_loads(args, cfg)
     try:
         report, runs = run_peer_bench(cfg)
     except PeerError as exc:
@@ -71,6 +90,50 @@ def _peer(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _peer_at_loads(args: argparse.Namespace, cfg) -> int:
+    """--load X: one bench with streams sized from the measured capacity; --sweep: each of --loads in turn."""
+    from tokenflow_ray.bench.peer.peer_bench import print_table
+    from tokenflow_ray.bench.peer.peer_sweep import (
+        measure_peer_capacity,
+        peer_config_for_load,
+        run_peer_at_load,
+        run_peer_sweep,
+    )
+    from tokenflow_ray.bench.peer.vllm_env import PeerError
+    from tokenflow_ray.bench.sweep import DEFAULT_LOADS
+
+    loads = (args.loads or DEFAULT_LOADS) if args.sweep else (args.load,)
+    capacity = measure_peer_capacity(cfg)
+    for load in loads:  # every point's config is valid before the first server starts (else exit 2)
+        peer_config_for_load(cfg, load, capacity.tok_s)
+    try:
+        if args.sweep:
+            report = run_peer_sweep(cfg, loads, capacity, plots_dir=args.plots)
+            if args.plots:
+                from tokenflow_ray.bench.sweep_plots import write_sweep_plot
+
+                report["plots"] = [write_sweep_plot(report["sweep"], Path(args.plots) / "sweep.png",
+                                                    line_workload=cfg.workload,
+                                                    title=f"peer: {cfg.workload} across loads "
+                                                          f"(Γ = {capacity.tok_s:.0f} tok/s in-process)")]
+                print("plots:", ", ".join(report["plots"]))
+            failed = [p["load"] for p in report["sweep"] for s in p["policies"].values() if "error" in s]
+        else:
+            report, runs = run_peer_at_load(cfg, args.load, capacity)
+            print_table(report)
+            if args.plots:
+                from tokenflow_ray.bench.peer.plots import write_peer_plots
+
+                report["plots"] = write_peer_plots(runs, report, args.plots)
+                print("plots:", ", ".join(report["plots"]))
+            failed = [name for name, s in report["systems"].items() if "error" in s]
+    except PeerError as exc:
+        print(f"tokenflow: error: {exc}", file=sys.stderr)
+        return 1
+    write_json(args.json, report)
+    return 1 if failed else 0
+
+
 def _policies(args: argparse.Namespace) -> int:
     from tokenflow_ray.bench.plots import write_policy_plots
     from tokenflow_ray.bench.policy_bench import PolicyBenchConfig, run_policy_bench
@@ -81,9 +144,31 @@ def _policies(args: argparse.Namespace) -> int:
                             repeats=args.repeats,
                             policies=tuple(p for p in args.policies.split(",") if p),
                             tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu, pace=args.pace))
+    if args.sweep:
+        return _policy_sweep(args, cfg)
+    if args.loads is not None or args.presets is not None:
+        raise ValueError("--loads and --presets need --sweep")
     out, artifacts = run_policy_bench(cfg, ablation=args.ablation)
     if args.plots:
         out["plots"] = write_policy_plots(artifacts, args.plots)
+        print("plots:", ", ".join(out["plots"]))
+    write_json(args.json, out)
+    return 0
+
+
+def _policy_sweep(args: argparse.Namespace, base) -> int:
+    from tokenflow_ray.bench.sweep import DEFAULT_LOADS, PRESETS, SweepConfig, run_sweep
+
+    if args.ablation or args.workload != "burst":
+        raise ValueError("--sweep runs the burst across --loads and then the --presets; it takes neither "
+                         "--ablation nor --workload")
+    cfg = SweepConfig(base=base, loads=args.loads or DEFAULT_LOADS,
+                      presets=PRESETS if args.presets is None else args.presets)  # a bad value: exit 2
+    out = run_sweep(cfg)
+    if args.plots:
+        from tokenflow_ray.bench.sweep_plots import write_sweep_plot
+
+        out["plots"] = [write_sweep_plot(out["sweep"], Path(args.plots) / "sweep.png")]
         print("plots:", ", ".join(out["plots"]))
     write_json(args.json, out)
     return 0
@@ -114,6 +199,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="median over this many runs")
     p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")
+    p.add_argument("--sweep", action="store_true",
+                   help="the burst at --loads x measured decode capacity, then the --presets (one PNG: sweep.png)")
+    p.add_argument("--loads", type=_float_list, help="--sweep: burst loads, x capacity (default 0.5,0.75,1,1.25,1.5)")
+    p.add_argument("--presets", type=_name_list,
+                   help="--sweep: any of poisson,gamma,mixed at load 1 (default all; '' for none)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", metavar="DIR")
     p.set_defaults(handler=_policies)
@@ -134,7 +224,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("peer", help="one workload against our server (fcfs, tokenflow) and vLLM: same model, KV bytes, "
                                     "client")
     p.add_argument("--workload", default="burst", choices=["burst", "poisson", "mixed"])
-    p.add_argument("--streams", type=int, default=64)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--streams", type=int, help="stream count (default 64)")
+    size.add_argument("--load", type=float, metavar="X",
+                      help="streams = round(X x measured decode capacity / rate), capacity measured at this config")
+    size.add_argument("--sweep", action="store_true", help="each of --loads in turn (JSON sweep: [...], sweep.png)")
+    p.add_argument("--loads", type=_float_list, help="--sweep: loads, x capacity (default 0.5,0.75,1,1.25,1.5)")
     p.add_argument("--prompt-len", type=int, default=64, help="mean prompt tokens")
     p.add_argument("--max-tokens", type=int, default=256, help="output tokens per stream (exact)")
     p.add_argument("--rate", type=float, default=20.0, help="reader rate, tokens/s (mixed: 40%% at 0.75x)")

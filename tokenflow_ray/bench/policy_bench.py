@@ -33,10 +33,11 @@ ABLATIONS = {  # the paper's Table 2 columns, as cache-config changes to the ful
 @dataclass(frozen=True)
 class PolicyBenchConfig:
     workload: str = "burst"  # burst | poisson | gamma | mixed
-    num_requests: int = 48  # x 20 tok/s = 960 tok/s: about this box's decode capacity at this pool size
-    rate: float = 20.0  # tokens/s per reader (mixed: 40% at 15, 60% at 20)
+    num_requests: int = 48  # x 20 tok/s = 960 tok/s; --sweep sets rates from the measured capacity (sweep.py)
+    rate: float = 20.0  # tokens/s per reader (mixed: 40% at mix_low x rate, 60% at rate)
+    mix_low: float = 0.75  # mixed: the slower readers' share of `rate` (0.75 x 20 = the paper's 15 tok/s)
     arrival_rate: float = 4.0  # poisson / gamma: requests per second
-    length_scale: float = 1 / 8  # Table 1 SL (512 in / 1024 out) scaled: 64 in / 128 out on average
+    length_scale: float = 1 / 8  # Table 1 SL (512 in / 2048 out) scaled: 64 in / 256 out on average
     kv_fraction: float = 0.3  # device pool = this share of the workload's full-length KV
     host_factor: float = 4.0  # host spill store = this many times the device pool
     block_size: int = 16
@@ -58,10 +59,14 @@ class PolicyBenchConfig:
             raise ValueError(f"policies: unknown {sorted(unknown)}; choose from {', '.join(POLICY_NAMES)}")
         if not 0 < self.kv_fraction <= 1 or self.host_factor < 0 or self.num_requests <= 0:
             raise ValueError("kv_fraction must be in (0, 1], host_factor >= 0, num_requests > 0")
+        if not 0 < self.mix_low <= 1:
+            raise ValueError(f"mix_low: must be in (0, 1], got {self.mix_low!r}")
 
     def workload_spec(self) -> WorkloadSpec:
         prompt, output = table1_lengths("SL")
+        # The mix follows `rate` so a load sweep can scale it (at the default rate it is the paper's 15/20 mix).
         return WorkloadSpec(self.workload, self.num_requests, seed=self.seed, rate=self.rate,
+                            rate_mix=((self.mix_low * self.rate, 0.4), (self.rate, 0.6)),
                             arrival_rate=self.arrival_rate, length_scale=self.length_scale,
                             prompt=replace(prompt, min_len=8), output=LengthDist(output.mean, output.std, min_len=16))
 
@@ -153,12 +158,10 @@ def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
     out: dict = {"workload": {**asdict(cfg.workload_spec()), "num_requests": len(requests)},
                  "config": asdict(cfg), "policies": results, "runs": runs}
     if "tokenflow" in results and "fcfs" in results:
-        tf, fc = results["tokenflow"], results["fcfs"]
-        out["tokenflow_vs_fcfs"] = {"effective_tput": tf["effective_tput"] / fc["effective_tput"],
-                                    "ttft_p99": tf["ttft_p99_s"] / fc["ttft_p99_s"],
-                                    "raw_tput": tf["raw_tput"] / fc["raw_tput"]}
+        out["tokenflow_vs_fcfs"] = policy_ratios(results["tokenflow"], results["fcfs"])
         if "andes" in results:
-            out["tokenflow_vs_andes"] = {"effective_tput": tf["effective_tput"] / results["andes"]["effective_tput"]}
+            out["tokenflow_vs_andes"] = {"effective_tput": policy_ratios(results["tokenflow"],
+                                                                         results["andes"])["effective_tput"]}
     if ablation:
         table = {}
         for name, overrides in ABLATIONS.items():
@@ -172,6 +175,15 @@ def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
         wt, wop = table["tokenflow"]["preempt_cost_mean_s"], table["no_write_through"]["preempt_cost_mean_s"]
         out["write_through_preempt_cost_ratio"] = wop / wt if wt > 0 else None
     return out, artifacts
+
+
+def policy_ratios(num: dict, den: dict) -> dict:
+    """num / den for effective throughput, P99 TTFT and raw throughput; None where den is 0 or undefined."""
+    def ratio(key: str) -> float | None:
+        a, b = num.get(key), den.get(key)
+        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+    return {"effective_tput": ratio("effective_tput"), "ttft_p99": ratio("ttft_p99_s"), "raw_tput": ratio("raw_tput")}
 
 
 def _median(runs: list[dict]) -> dict:
