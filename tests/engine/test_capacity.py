@@ -107,3 +107,31 @@ def test_overload_margin_bounds_the_working_set_demand(margin):
     capacity = sched.cost.decode_capacity_tok_s(view.max_device_batch)
     assert capacity == pytest.approx(700, rel=0.05)
     assert most == pytest.approx(margin * capacity / 40.0, abs=2)
+
+
+def test_capacity_counts_the_whole_step_not_only_the_model():
+    """On the wall clock a step is more than the runner's compute (planning, a CPU shared with a proxy): Γ is what
+    the engine delivers. The runner here reports 1 ms of compute while each step takes 6 ms of wall time."""
+    import time
+    from dataclasses import replace as dc_replace
+
+    from tokenflow_ray.engine.clock import WallClock
+    from tokenflow_ray.engine.llm_engine import LLMEngine
+
+    engine, runner = make_fake_engine(num_blocks=512, block_size=8, max_num_seqs=8)
+    execute = runner.execute
+
+    def slow_execute(plan):
+        result = execute(plan)
+        time.sleep(0.006)
+        return dc_replace(result, compute_s=0.001)
+
+    runner.execute = slow_execute
+    engine = LLMEngine(engine.config, runner, tokenizer=None, clock=WallClock())
+    for i in range(8):
+        engine.add_request([i + 1] * 8, SamplingParams(max_tokens=60, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    cost = engine.scheduler.cost
+    assert cost.decode_capacity_tok_s(8) < 8 / 0.005  # not 8 / 0.001
+    assert cost.step_s == pytest.approx(0.001, rel=0.2)  # copies still size to the model step

@@ -41,12 +41,16 @@ class CostModel:
 
     # ---- observations -----------------------------------------------------------------------------------------
     def observe_step(self, compute_s: float, num_decodes: int, num_prefill_tokens: int, copy_s: float,
-                     copy_bytes: int) -> None:
+                     copy_bytes: int, step_s: float = 0.0) -> None:
+        """`compute_s`: the model step (copies run beside it, so it sizes their budget). `step_s`: the whole step
+        on the engine's clock, planning included; throughput estimates learn from the larger of the two, since
+        that is what the engine delivers a step (0 on a virtual clock, where the runner's time is the step's)."""
         if compute_s > 0:
+            delivered = max(compute_s, step_s)
             self._step.update(compute_s)
-            self.steps.observe(num_decodes, num_prefill_tokens, compute_s)
+            self.steps.observe(num_decodes, num_prefill_tokens, delivered)
             if num_prefill_tokens == 0 and num_decodes:
-                self._decode_step.update(compute_s)
+                self._decode_step.update(delivered)
                 self._decode_batch.update(num_decodes)
         if copy_bytes > 0 and copy_s > 0:
             self._copy.update(copy_bytes / copy_s)

@@ -136,13 +136,15 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StreamOutput]:
         outputs, self._pending = self._pending, []
-        plan = self.scheduler.schedule(self.clock.now())
+        start = self.clock.now()
+        plan = self.scheduler.schedule(start)
         self.idle = plan.is_empty and not plan.finished  # nothing to run now (e.g. every stream paced)
         if self.idle:
             return outputs
         result = self.runner.execute(plan)
         self._totals["steps"] += 1
-        for stream, token in self.scheduler.update(plan, result, self.clock.now()):
+        now = self.clock.now()
+        for stream, token in self.scheduler.update(plan, result, now, step_s=now - start):
             outputs.append(self._output(stream, token))
             if stream.status.finished:
                 self._retire(stream)

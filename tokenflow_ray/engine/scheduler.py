@@ -292,8 +292,12 @@ class Scheduler:
                               evict_blocks=self.kv.planned_evict_blocks, queued_blocks=self.kv.queued_load_blocks)
         return t_io <= self.cost.t_recompute(stream.num_host_tokens)
 
-    def update(self, plan: StepPlan, result: StepResult, now: float) -> list[tuple[Stream, int]]:
+    def update(self, plan: StepPlan, result: StepResult, now: float, step_s: float = 0.0) -> list[tuple[Stream, int]]:
         """Apply a finished step: loads land, tails free, computed counts advance, sampled tokens append.
+
+        `step_s`: the step's time on the engine's clock, planning included. Capacity is what the engine delivers
+        per step, so the cost model learns from it when it exceeds the runner's compute time (the scheduler's own
+        work, a shared CPU); on a virtual clock it is 0 and the runner's time stands.
 
         Returns (stream, new_token) pairs in plan order; a stream that finished has its terminal status set.
         """
@@ -312,7 +316,7 @@ class Scheduler:
         self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
         self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
         self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
-                               result.copy_s, result.copy_bytes)
+                               result.copy_s, result.copy_bytes, step_s=step_s)
         emitted: list[tuple[Stream, int]] = []
         for chunk in itertools.chain(plan.decodes, plan.prefills):
             stream = self.streams.get(chunk.stream_id)
