@@ -7,6 +7,7 @@ and worker. After the context ends, however it ends, nothing of that group may b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -141,38 +142,71 @@ def test_not_ready_in_time_stops_the_server(fake):
 
 
 DRIVER = '''
-import sys, time
+import signal, sys, time
+script, port, pid_file, log, inherited = sys.argv[1:6]
+# Ignored and blocked signals survive exec, so this process would get pytest's: a shell starts a background job with
+# SIGINT ignored (then Python installs no KeyboardInterrupt handler), and runners may ignore or block SIGTERM. Set them
+# as the case asks: "default" as at a terminal, "ignored" (SIGTERM) as from such a runner.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_BLOCK if inherited == "ignored" else signal.SIG_UNBLOCK, {signal.SIGTERM})
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 from tokenflow_ray.bench.peer.vllm_server import ManagedServer
-script, port, pid_file, log = sys.argv[1:5]
 server = ManagedServer([sys.executable, script, port, pid_file, "serve"], base_url="http://127.0.0.1:" + port,
                        log_path=log, ready_timeout_s=15, term_timeout_s=5)
 with server:
-    print(server.pgid, flush=True)
+    print(server.pgid, flush=True)  # only once inside: the SIGTERM handler is installed by then
     time.sleep(60)
 '''
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def _start_driver(tmp_path: Path, fake, inherited: str = "default") -> subprocess.Popen:
+    fake()  # writes the fake script
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / "fake_server.py"), str(free_port()),
+                             str(tmp_path / "driver-child.pid"), str(tmp_path / "driver.log"), inherited],
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _end_driver(driver: subprocess.Popen, pgid: int | None) -> None:
+    """Whatever failed: no driver, server or grandchild outlives the test."""
+    if driver.poll() is None:
+        driver.kill()
+    driver.wait()
+    driver.stdout.close()
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda sig: sig.name)
 def test_driver_interrupted_or_terminated_cleans_up(tmp_path, fake, sig):
     """Ctrl-C (SIGINT) or SIGTERM to the process running the bench: the server's group goes with it."""
-    fake()  # writes the fake script
-    port = free_port()
-    pid_file = tmp_path / "driver-child.pid"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / "fake_server.py"), str(port),
-                               str(pid_file), str(tmp_path / "driver.log")], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    driver, pgid = _start_driver(tmp_path, fake), None
     try:
         pgid = int(driver.stdout.readline())
         assert group_members(pgid)
         driver.send_signal(sig)
         driver.wait(timeout=15)
         assert group_members(pgid) == []
-        assert not _alive(int(pid_file.read_text()))
+        assert not _alive(int((tmp_path / "driver-child.pid").read_text()))
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+        _end_driver(driver, pgid)
+
+
+def test_server_dies_with_a_killed_driver_that_ignored_sigterm(tmp_path, fake):
+    """The server does not inherit the driver's ignored, blocked SIGTERM: the kernel's parent-death SIGTERM ends it."""
+    driver, pgid = _start_driver(tmp_path, fake, inherited="ignored"), None
+    try:
+        pgid = int(driver.stdout.readline())
+        driver.kill()  # dies outright: no __exit__, no atexit
+        driver.wait(timeout=15)
+        deadline = time.monotonic() + 10
+        while _alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pgid)  # the leader; its own children are its to stop (vLLM's API server does)
+    finally:
+        _end_driver(driver, pgid)
 
 
 # ---- argument handling -------------------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ def app(ray_serve) -> ServedApp:
     config = ServeConfig(app_name="tftest", policy="fcfs", api_key=API_KEY, max_num_seqs=256,
                          max_num_batched_tokens=1024, num_device_blocks=1024, num_host_blocks=64,
                          max_body_bytes=64 * 1024, images=False, num_cpus=1)
-    deploy(config)
-    yield ServedApp(ray_serve, API_KEY, config)
-    undeploy(config)
+    try:  # a deploy that fails halfway is deleted too
+        deploy(config)
+        yield ServedApp(ray_serve, API_KEY, config)
+    finally:
+        undeploy(config)

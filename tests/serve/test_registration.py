@@ -34,11 +34,11 @@ def slow_app(serve_url):
             await super().register(stream_id, replica_id, rate)
 
     # Created before the app, under the app's name: get_central (get_if_exists=True) then finds this one.
-    slow = ray.remote(**ACTOR_OPTIONS)(SlowRegisterCentral).options(
-        name=settings.name, namespace=settings.namespace, lifetime="detached").remote(
-        settings.poll_s, settings.register_grace_s, settings.finished_memory)
-    ray.get(slow.view.remote())
-    try:
+    try:  # the detached actor is killed by name in undeploy, whatever failed after it was created
+        slow = ray.remote(**ACTOR_OPTIONS)(SlowRegisterCentral).options(
+            name=settings.name, namespace=settings.namespace, lifetime="detached").remote(
+            settings.poll_s, settings.register_grace_s, settings.finished_memory)
+        ray.get(slow.view.remote())
         deploy(config)
         yield f"{serve_url}/{APP}"
     finally:

@@ -34,6 +34,11 @@ def test_pinning_restricts_the_calling_process():
     out = ctx.Queue()
     p = ctx.Process(target=_pin_and_report, args=(out,))
     p.start()
-    (cpus, why), affinity = out.get(timeout=60)
-    p.join(timeout=30)
+    try:
+        (cpus, why), affinity = out.get(timeout=60)
+        p.join(timeout=30)
+    finally:  # whatever failed: a child left running would hang pytest's exit (multiprocessing joins it)
+        if p.exitcode is None:
+            p.kill()
+        p.join()
     assert why == "" and cpus == {min(os.sched_getaffinity(0))} and affinity == cpus

@@ -57,8 +57,8 @@ def test_http_round_trip_and_4xx(serve_url):
 
     images = ImageTokenizerDeployment.options(ray_actor_options={"num_cpus": 0.1}).bind(
         limits=ImageLimits(max_bytes=64 << 10, max_pixels=128 * 128))
-    serve.run(Front.bind(images), name=app_name, route_prefix="/tftrain")
-    try:
+    try:  # serve.run inside: an app that failed to get healthy is deleted too, not left holding replicas
+        serve.run(Front.bind(images), name=app_name, route_prefix="/tftrain")
         base = f"{serve_url}/tftrain/v1/images"
         with httpx.Client(timeout=60) as client:
             r = client.post(f"{base}/tokenize", json={"image": base64.b64encode(png_bytes()).decode()})

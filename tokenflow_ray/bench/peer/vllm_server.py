@@ -44,7 +44,9 @@ def _install_hooks() -> None:
     if _HOOKS_INSTALLED:
         return
     atexit.register(_stop_all)
-    # Only from the main thread and only over the default action: never replace a handler someone else set.
+    # Only from the main thread and only over the default action: never replace a handler someone else set. An
+    # inherited SIG_IGN (a nohup-style parent) is kept too: SIGTERM then does not end this process, so there is
+    # nothing to clean up on it; the server itself always starts with SIGTERM at its default (_child_setup).
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
     _HOOKS_INSTALLED = True
@@ -59,8 +61,14 @@ def _load_prctl():
 _PRCTL = _load_prctl() if sys.platform == "linux" else None  # looked up here: the child only makes the call
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec: keep it to one C call
-    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _child_setup() -> None:  # runs in the child between fork and exec: keep it to a few plain calls
+    # An ignored or blocked SIGTERM survives exec, so a driver started that way (some runners start commands so)
+    # would pass it on, and both our stop() and the kernel's parent-death signal would be no-ops: the server would
+    # outlive a killed driver. Restore the default before the server runs.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM,))
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def group_members(pgid: int) -> list[int]:
@@ -110,8 +118,7 @@ class ProcessGroup:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:  # one run per log file
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.env, start_new_session=True,
-                                         preexec_fn=_die_with_parent if _PRCTL is not None else None)
+                                         env=self.env, start_new_session=True, preexec_fn=_child_setup)
         self.pgid = self.proc.pid  # a new session's leader leads its own process group
         _LIVE.add(self)
 

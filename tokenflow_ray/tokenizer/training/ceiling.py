@@ -7,6 +7,7 @@ sync. Its images/s with 2 processes over 1 says how far this box lets data paral
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import time
 
 
@@ -55,9 +56,26 @@ def measure_ceiling(counts: tuple[int, ...] = (1, 2), image_size: int = 16, batc
     for n in counts:
         out = ctx.Queue()
         procs = [ctx.Process(target=_steps, args=(image_size, batch_size, steps, out)) for _ in range(n)]
-        for p in procs:
-            p.start()
-        result[n] = sum(out.get(timeout=600) for _ in procs)
-        for p in procs:
-            p.join(timeout=60)
+        try:
+            for p in procs:
+                p.start()
+            result[n] = sum(_result(out, procs) for _ in procs)
+        finally:  # a failed or hung worker must not outlive the measurement (nor block interpreter exit)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=60)
     return result
+
+
+def _result(out, procs, timeout_s: float = 600.0) -> float:
+    """The next worker's result; fails at once when a worker died without one instead of waiting out the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return out.get(timeout=1.0)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise RuntimeError(f"ceiling worker exited with {[p.exitcode for p in procs]}") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ceiling workers gave no result in {timeout_s:.0f} s") from None
