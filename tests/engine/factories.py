@@ -38,3 +38,21 @@ def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, 
         engine.check_integrity()
         engine.clock.advance(0.01)
     raise AssertionError("engine did not finish")
+
+
+def step_engine(engine: LLMEngine, n: int = 1, tokens: dict[str, list[int]] | None = None) -> list:
+    """n steps of the fake runner's time each, integrity checked after every one; returns the plans run. `tokens`
+    collects each stream's tokens."""
+    plans: list = []
+    execute = engine.runner.execute
+    engine.runner.execute = lambda plan: plans.append(plan) or execute(plan)
+    try:
+        for _ in range(n):
+            for out in engine.step():
+                if tokens is not None:
+                    tokens.setdefault(out.stream_id, []).extend(out.token_ids)
+            engine.check_integrity()
+            engine.clock.advance(engine.runner.step_cost_s)
+    finally:
+        engine.runner.execute = execute
+    return plans

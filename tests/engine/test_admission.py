@@ -1,24 +1,9 @@
 """Admission honours the set the rebalance chose; reloads are chunked across steps (issue 13, item 4)."""
 
-from tests.engine.factories import make_fake_engine
+from tests.engine.factories import make_fake_engine, step_engine
 from tokenflow_ray.engine.policies import TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
-
-
-def _step(engine, n=1, plans=None, tokens=None):
-    execute = engine.runner.execute
-    if plans is not None:
-        engine.runner.execute = lambda plan: plans.append(plan) or execute(plan)
-    try:
-        for _ in range(n):
-            for out in engine.step():
-                if tokens is not None:
-                    tokens.setdefault(out.stream_id, []).extend(out.token_ids)
-            engine.check_integrity()
-            engine.clock.advance(engine.runner.step_cost_s)
-    finally:
-        engine.runner.execute = execute
 
 
 def test_admission_takes_the_refined_set_not_the_ranking():
@@ -30,9 +15,9 @@ def test_admission_takes_the_refined_set_not_the_ranking():
                                  tokenflow=TokenFlowConfig(delta_t=0.5, t_critical=1.0))
     sched = engine.scheduler
     a = engine.add_request([1] * 8, SamplingParams(max_tokens=400), stream_id="a", rate=2.0)
-    _step(engine, 30)  # 30 tokens read at 2 tok/s: ~14 s of buffer
+    step_engine(engine, 30)  # 30 tokens read at 2 tok/s: ~14 s of buffer
     assert sched.preempt(a, engine.clock.now())
-    _step(engine)  # its tail goes to the host
+    step_engine(engine)  # its tail goes to the host
     engine.clock.advance(5.0)  # kept off the device for 5 s: its wait gives it the top rank; ~12 s of buffer left
     b = engine.add_request([2] * 12, SamplingParams(max_tokens=400), stream_id="b", rate=2.0)
     c = engine.add_request([3] * 8, SamplingParams(max_tokens=400), stream_id="c", rate=2.0)
@@ -43,7 +28,7 @@ def test_admission_takes_the_refined_set_not_the_ranking():
     need = {s.stream_id: sched.pool.blocks_for_tokens(s.num_tokens + 1) for s in ranked}
     assert need[a] + need[b] > 13 >= need[a] + need[c] and need[b] + need[c] + need[d] <= 13  # the premise
 
-    _step(engine)
+    step_engine(engine)
     status = {sid: sched.streams[sid].status for sid in (a, b, c, d)}
     assert status[b] == status[c] == status[d] == StreamStatus.RUNNING, status
     assert status[a] == StreamStatus.PREEMPTED
@@ -56,9 +41,9 @@ def test_a_large_reload_is_chunked_across_steps():
     prompt = list(range(1, 200))
     sid = engine.add_request(prompt, SamplingParams(max_tokens=40), stream_id="long", rate=5.0)
     tokens: dict[str, list[int]] = {}
-    _step(engine, 5, tokens=tokens)
+    step_engine(engine, 5, tokens=tokens)
     assert sched.preempt(sid, engine.clock.now())
-    _step(engine, tokens=tokens)
+    step_engine(engine, tokens=tokens)
     stream = sched.streams[sid]
     blocks = sched.pool.blocks_for_tokens(stream.num_host_tokens)
     per_step = sched.cost.copy_budget_blocks()
@@ -66,13 +51,13 @@ def test_a_large_reload_is_chunked_across_steps():
 
     plans: list = []
     while stream.status != StreamStatus.RUNNING:
-        _step(engine, plans=plans, tokens=tokens)
+        plans += step_engine(engine, tokens=tokens)
         assert len(plans) < 50
     loads = [sum(c.stream_id == sid for c in p.swap_in) for p in plans]
     assert sum(loads) == blocks and max(loads) <= per_step and sum(n > 0 for n in loads) >= 4
     assert not any(c.stream_id == sid for p in plans for c in p.decodes + p.prefills[:-1])  # no compute mid-load
     while engine.has_unfinished():
-        _step(engine, tokens=tokens)
+        step_engine(engine, tokens=tokens)
     assert tokens[sid] == runner.reference(prompt, 40)
 
 
@@ -81,13 +66,13 @@ def test_aborting_a_stream_mid_load_drops_its_queued_chunks():
                                  resume_mode="load", max_num_batched_tokens=256)
     sched = engine.scheduler
     sid = engine.add_request(list(range(1, 200)), SamplingParams(max_tokens=40), rate=5.0)
-    _step(engine, 5)
+    step_engine(engine, 5)
     sched.preempt(sid, engine.clock.now())
-    _step(engine, 2)  # the tail, then the first chunk of the reload
+    step_engine(engine, 2)  # the tail, then the first chunk of the reload
     assert sched.streams[sid].status == StreamStatus.LOADING and sched.kv.queued_load_blocks > 0
     engine.abort(sid)
     engine.check_integrity()
     assert sched.kv.queued_load_blocks == 0
     assert engine.pool.num_free == engine.pool.num_blocks
     assert sched.kv.host.num_free == sched.kv.host.num_blocks
-    _step(engine)  # and the next step plans nothing for it
+    step_engine(engine)  # and the next step plans nothing for it

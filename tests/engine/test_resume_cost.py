@@ -1,25 +1,8 @@
 """Reload or recompute (paper §4.2.3): the decision reads the live copy queue (issue 13, item 3)."""
 
-from tests.engine.factories import make_fake_engine
+from tests.engine.factories import make_fake_engine, step_engine
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
-
-
-def _step(engine, n=1, tokens=None):
-    plans = []
-    execute = engine.runner.execute
-    engine.runner.execute = lambda plan: plans.append(plan) or execute(plan)
-    try:
-        for _ in range(n):
-            for out in engine.step():
-                if tokens is not None:
-                    tokens.setdefault(out.stream_id, []).extend(out.token_ids)
-            engine.check_integrity()
-            engine.clock.advance(engine.runner.step_cost_s)
-    finally:
-        engine.runner.execute = execute
-    return plans
-
 
 PROMPTS = {"small": list(range(1, 9)), **{f"big{i}": [7 + i] * 60 for i in range(3)}}
 
@@ -30,11 +13,11 @@ def _paused(engine, tokens=None, pause_bigs=True):
     ids = {name: engine.add_request(prompt, SamplingParams(max_tokens=200), stream_id=name, rate=5.0)
            for name, prompt in PROMPTS.items()}
     small, big = ids["small"], [ids[f"big{i}"] for i in range(3)]
-    _step(engine, 10, tokens)
+    step_engine(engine, 10, tokens)
     paused = (small, *big) if pause_bigs else (small,)
     for sid in paused:
         assert sched.preempt(sid, engine.clock.now())
-    _step(engine, 1, tokens)  # the step that copies their tails; nobody resumes in it
+    step_engine(engine, 1, tokens)  # the step that copies their tails; nobody resumes in it
     assert all(sched.streams[s].status == StreamStatus.PREEMPTED for s in paused)
     return sched.streams[small], [sched.streams[s] for s in big]
 
@@ -55,7 +38,7 @@ def test_a_long_copy_queue_flips_a_resume_to_recompute_and_back():
     for _ in range(50):  # the queue drains, chunk by chunk
         if sched.kv.queued_load_blocks == 0:
             break
-        _step(engine)
+        step_engine(engine)
     assert all(s.status == StreamStatus.RUNNING for s in bigs)
     assert sched._resume_by_load(small)
 
@@ -66,7 +49,7 @@ def test_without_a_queue_the_same_pause_comes_back_by_reload():
                                  max_num_batched_tokens=64)
     small, _ = _paused(engine, pause_bigs=False)
     before = small.num_recomputed_tokens
-    plans = _step(engine, 2)
+    plans = step_engine(engine, 2)
     assert small.status == StreamStatus.RUNNING and small.num_recomputed_tokens == before
     assert any(c.stream_id == small.stream_id for p in plans for c in p.swap_in)
 
@@ -82,11 +65,11 @@ def test_the_scheduler_recomputes_behind_a_long_queue():
         assert sched.kv.start_load(s)
         s.status = StreamStatus.LOADING
     before = small.num_recomputed_tokens
-    plans = _step(engine, 1, tokens)
+    plans = step_engine(engine, 1, tokens)
     assert small.status == StreamStatus.RUNNING and small.num_recomputed_tokens > before
     assert not any(c.stream_id == small.stream_id for p in plans for c in p.swap_in)
     while engine.has_unfinished():
-        _step(engine, 1, tokens)
+        step_engine(engine, 1, tokens)
     for name, prompt in PROMPTS.items():  # reloaded in chunks or recomputed: the reference's tokens
         assert tokens[name] == runner.reference(prompt, 200)
     assert engine.pool.num_free == engine.pool.num_blocks
