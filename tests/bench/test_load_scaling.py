@@ -77,6 +77,10 @@ def test_timed_arrivals_by_littles_law(workload):
     assert point["concurrent_sum_rates"] == pytest.approx(GAMMA)
     assert point["arrival_rate"] == cfg.arrival_rate and point["workload"] == workload
     assert point["last_arrival_s"] > 0
+    # Enough requests for a steady state, on the burst's pool: the demand really is about load x Γ.
+    assert cfg.num_requests == 3 * base.num_requests
+    assert cfg.pool_blocks == pool_sizes(base, make_requests(base.workload_spec()))
+    assert 0.8 < point["demand"]["peak"] < 1.5 and 0.6 < point["demand"]["mean"] < 1.1
 
 
 def test_describe_burst_point():

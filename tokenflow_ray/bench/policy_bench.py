@@ -40,6 +40,9 @@ class PolicyBenchConfig:
     length_scale: float = 1 / 8  # Table 1 SL (512 in / 2048 out) scaled: 64 in / 256 out on average
     kv_fraction: float = 0.3  # device pool = this share of the workload's full-length KV
     host_factor: float = 4.0  # host spill store = this many times the device pool
+    # An explicit pool (blocks) instead of the kv_fraction/host_factor sizing: the sweep keeps one memory regime
+    # across workloads of different request counts.
+    pool_blocks: tuple[int, int] | None = None  # (device, host)
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 256
@@ -82,6 +85,8 @@ class RunTrace:
 
 
 def pool_sizes(cfg: PolicyBenchConfig, requests: list[RequestSpec]) -> tuple[int, int]:
+    if cfg.pool_blocks is not None:
+        return cfg.pool_blocks
     full = sum(-(-(r.prompt_len + r.output_len) // cfg.block_size) for r in requests)
     device = max(int(cfg.kv_fraction * full), max(-(-(r.prompt_len + 1) // cfg.block_size) for r in requests) + 1)
     return device, int(cfg.host_factor * device)
