@@ -185,6 +185,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _routing(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.routing_bench import RoutingBenchConfig, print_table, run_routing_bench
+
+    cfg = RoutingBenchConfig(streams=args.streams, max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
+                             replicas=args.replicas, rounds=args.rounds, seed=args.seed, routers=args.routers,
+                             cpus_per_replica=args.cpus_per_replica, timeout_s=args.timeout)
+    report, runs = run_routing_bench(cfg)
+    print_table(report)
+    if args.plots:
+        from tokenflow_ray.bench.routing_plots import write_routing_plot
+
+        report["plots"] = [str(write_routing_plot(runs, Path(args.plots) / "routing.png"))]
+        print("plots:", ", ".join(report["plots"]))
+    write_json(args.json, report)
+    return 0 if all(r["complete"] == cfg.streams for r in report["routers"].values()) else 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
     p.add_argument("--workload", default="burst", choices=["burst", "poisson", "gamma", "mixed"])
@@ -247,6 +264,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", metavar="DIR", help="PNG plots; vLLM's server log goes here too")
     p.set_defaults(handler=_peer)
+
+    p = sub.add_parser("routing", help="a seeded burst over 2 replicas: the buffer-slack router vs Serve's default")
+    p.add_argument("--streams", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=96, help="mean output tokens (each stream 0.5x-1.5x)")
+    p.add_argument("--rate", type=float, default=12.0, help="mean reader rate, tokens/s (half 0.5x, half 1.5x)")
+    p.add_argument("--burst-s", type=float, default=2.0, help="arrivals spread over this long")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per router; medians reported")
+    p.add_argument("--routers", type=_name_list, default=("slack", "default"))
+    p.add_argument("--cpus-per-replica", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plots", default="out/routing", metavar="DIR", help="where routing.png goes ('' for none)")
+    p.set_defaults(handler=_routing)
 
     s = sub.add_parser("serve", help="the same streams through HTTP/SSE (Ray Serve) vs in-process")
     s.add_argument("--streams", type=int, default=32)

@@ -7,18 +7,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
+from tokenflow_ray.cluster.routing import SlackRouterConfig
 from tokenflow_ray.serve.central import CentralSettings, central_name
 from tokenflow_ray.serve.config import ServeConfig
 from tokenflow_ray.serve.ingress import IngressSettings, make_ingress
 from tokenflow_ray.serve.replica import LLMServer, ReplicaSettings
 
 IMAGE_DEPLOYMENT = "ImageTokenizerDeployment"
+SLACK_ROUTER_PATH = "tokenflow_ray.serve.slack_router.SlackRequestRouter"
 
 
 def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Application:
@@ -35,11 +39,17 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         max_queued_requests=adm.max_queued_requests,
         backpressure_config={"status_code": 429, "retry_after_s": config.retry_after_s},
         ray_actor_options={"num_cpus": config.num_cpus, "num_gpus": config.num_gpus},
-        health_check_period_s=10,
+        # The controller learns of a dead replica only from its next health check (on a dead actor it fails at
+        # once), so the period bounds how long the replica goes unreplaced. With one replica the next request waits
+        # that plus the restart: 12.6-13.7 s at 10 s (17.7 s by hand), 4.8-7.3 s at 2 s (tests/serve/test_faults.py);
+        # other live replicas serve it at once either way. A check is one no-op engine-thread call (replica.py).
+        health_check_period_s=2,
         health_check_timeout_s=60,
+        request_router_config=request_router_config(config),
     ).bind(config.engine_config(),
            ReplicaSettings(central, grouping=config.grouping(),
-                           torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0))
+                           torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
+                           routing_stats_interval_s=config.routing_stats_period_s))
     extra: list[Any] = []
     routers = list(routers)
     if config.images:
@@ -55,6 +65,19 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     settings = IngressSettings(model=config.model, default_max_tokens=config.default_max_tokens,
                                max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
     return ingress.bind(llm, settings, *extra)
+
+
+def request_router_config(config: ServeConfig) -> RequestRouterConfig:
+    """Both routers get the replicas' stats at the same period, so comparing them changes only the decision."""
+    period = config.routing_stats_period_s
+    # A replica answers from its cache (replica.py), so a poll that takes long means a stuck replica.
+    common = {"request_routing_stats_period_s": period, "request_routing_stats_timeout_s": max(5.0, 10 * period)}
+    if config.router == "default":
+        return RequestRouterConfig(**common)
+    slack = SlackRouterConfig(default_rate=config.default_rate,
+                              # The embedded model's tokenizer is byte-level; real BPE tokenizers average ~4 bytes.
+                              bytes_per_token=1.0 if config.model == "embedded" else 4.0)
+    return RequestRouterConfig(request_router_class=SLACK_ROUTER_PATH, request_router_kwargs=asdict(slack), **common)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

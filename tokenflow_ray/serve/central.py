@@ -7,6 +7,12 @@ The actor never sits on the token path: replicas register a stream without waiti
 first report may arrive before the registration does; `report` then waits for it up to `register_grace_s`. It is
 named, detached and restartable: after a restart its tables are empty, and replicas re-register their live streams
 when their poll fails.
+
+A dead replica never deregisters its streams. The ingress deregisters each stream it saw fail with the replica
+(ingress.py); what is left (entries, pending reports, stats) goes when the replica has not been heard from (a poll or
+a registration) for `stale_after_s`: a sweep task, started by the first call, drops it (`drop_replica`). A replica
+that was only slow and polls again is told to re-register (its poll fails with ReplicaDropped), so its live streams
+come back.
 """
 
 from __future__ import annotations
@@ -38,15 +44,25 @@ class CentralSettings:
     poll_s: float = 1.0  # a replica's report long-poll returns after this long without reports
     register_grace_s: float = 2.0  # a report for an unregistered id waits this long for its registration
     finished_memory: int = 4096  # recently finished ids kept, so reports for them are 404 at once
+    stale_after_s: float = 10.0  # a replica silent this long (10 polls) is taken for dead and dropped
+
+
+class ReplicaDropped(RuntimeError):
+    """Raised to a replica's poll after its entries were dropped: its poll loop then re-registers its streams."""
 
 
 class CentralScheduler:
     """The actor's class (created with ACTOR_OPTIONS by get_central; tests subclass it)."""
 
-    def __init__(self, poll_s: float = 1.0, register_grace_s: float = 2.0, finished_memory: int = 4096) -> None:
+    def __init__(self, poll_s: float = 1.0, register_grace_s: float = 2.0, finished_memory: int = 4096,
+                 stale_after_s: float = 10.0) -> None:
         self.poll_s = poll_s
         self.register_grace_s = register_grace_s
         self.finished_memory = finished_memory
+        self.stale_after_s = stale_after_s
+        self.heard: dict[str, float] = {}  # replica id -> monotonic time of its last poll or registration
+        self.dropped: OrderedDict[str, None] = OrderedDict()  # replicas dropped lately (bounded, oldest first)
+        self._sweeper: asyncio.Task | None = None
         self.streams: dict[str, StreamEntry] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()  # bounded, oldest first
         self.arrivals: dict[str, asyncio.Event] = {}  # ids that reports are waiting on
@@ -62,7 +78,14 @@ class CentralScheduler:
         if event is not None:
             event.set()
 
+    def _heard_from(self, replica_id: str) -> None:
+        self.heard[replica_id] = time.monotonic()
+        self.dropped.pop(replica_id, None)
+        if self._sweeper is None or self._sweeper.done():  # lazily: __init__ may run outside the actor's loop
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+
     async def register(self, stream_id: str, replica_id: str, rate: float | None) -> None:
+        self._heard_from(replica_id)
         if stream_id in self.finished:  # a registration that lost the race with its stream's end
             return
         self.streams[stream_id] = StreamEntry(replica_id, rate)
@@ -103,6 +126,10 @@ class CentralScheduler:
         return True
 
     async def wait_reports(self, replica_id: str, stats: dict | None = None) -> list[Report]:
+        if replica_id in self.dropped:  # taken for dead but alive: have it re-register its live streams
+            self._heard_from(replica_id)
+            raise ReplicaDropped(f"replica {replica_id} was silent for over {self.stale_after_s}s; re-register")
+        self._heard_from(replica_id)
         if stats is not None:
             self.replica_stats[replica_id] = (time.time(), stats)
         event = self._event(replica_id)
@@ -113,6 +140,33 @@ class CentralScheduler:
             except asyncio.TimeoutError:
                 pass
         return self.pending.pop(replica_id, [])
+
+    async def drop_replica(self, replica_id: str) -> int:
+        """Forget a (dead) replica: its stream entries, pending reports and stats. Returns the entries dropped."""
+        sids = [sid for sid, e in self.streams.items() if e.replica_id == replica_id]
+        for sid in sids:  # not marked finished: if the replica was alive after all, its streams re-register
+            del self.streams[sid]
+        self.pending.pop(replica_id, None)
+        self.events.pop(replica_id, None)
+        self.replica_stats.pop(replica_id, None)
+        self.heard.pop(replica_id, None)
+        self.dropped[replica_id] = None
+        while len(self.dropped) > 1024:
+            self.dropped.popitem(last=False)
+        return len(sids)
+
+    async def sweep(self) -> list[str]:
+        """Drop every replica not heard from for stale_after_s; the ids dropped."""
+        now = time.monotonic()
+        stale = [rid for rid, t in self.heard.items() if now - t > self.stale_after_s]
+        for rid in stale:
+            await self.drop_replica(rid)
+        return stale
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.poll_s, self.stale_after_s / 4))
+            await self.sweep()
 
     async def stats(self, max_age_s: float = 10.0) -> dict[str, dict]:
         """Latest stats of each replica heard from within max_age_s (older ones are gone or stuck)."""
@@ -139,7 +193,7 @@ def get_central(settings: CentralSettings) -> ray.actor.ActorHandle:
     """The named actor, created by whichever deployment asks first (detached: it outlives its creator)."""
     return _CentralActor.options(name=settings.name, namespace=settings.namespace, lifetime="detached",
                                  get_if_exists=True).remote(settings.poll_s, settings.register_grace_s,
-                                                            settings.finished_memory)
+                                                            settings.finished_memory, settings.stale_after_s)
 
 
 def kill_central(name: str, namespace: str) -> None:

@@ -14,7 +14,7 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenflow_ray.serve.local import init_ray
 
     overrides = {"model": args.model, "replicas": args.replicas, "policy": args.policy, "host": args.host,
-                 "port": args.port, "api_key": args.api_key}
+                 "port": args.port, "api_key": args.api_key, "router": args.router}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
@@ -22,7 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     init_ray()
     serve.start(http_options={"host": config.host, "port": config.port})
     deploy(config)
-    print(f"serving {config.model!r} ({config.replicas} replica(s), policy {config.policy}) at "
+    print(f"serving {config.model!r} ({config.replicas} replica(s), policy {config.policy}, router {config.router}) at "
           f"http://{config.host}:{config.port}{config.route_prefix.rstrip('/')}/v1  (Ctrl-C to stop)", flush=True)
     try:
         while True:
@@ -49,10 +49,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from tokenflow_ray.serve.config import ROUTERS
+
     p = sub.add_parser("serve", help="deploy the OpenAI-compatible app on local Ray (or RAY_ADDRESS)")
     p.add_argument("--model", help="local HF model directory, hub id, or 'embedded' (default)")
     p.add_argument("--replicas", type=int)
     p.add_argument("--policy", help="scheduling policy: tokenflow, andes or fcfs")
+    p.add_argument("--router", choices=ROUTERS,
+                   help="replica choice for new streams: Serve's default (power of two choices on queue length) or "
+                        "slack (buffer-slack: soonest start without starving a replica's readers)")
     p.add_argument("--config", metavar="serve.yaml", help="a Serve config YAML (also valid for `serve run`)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)

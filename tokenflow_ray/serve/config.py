@@ -23,6 +23,9 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+ROUTERS = ("default", "slack")
+
+
 def default_policy() -> str:
     return "tokenflow"
 
@@ -73,6 +76,11 @@ class ServeConfig:
     port: int = 8000
     central_namespace: str = "tokenflow"
     images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.images exists
+    # How the LLMServer handle picks a replica for a new stream: "default" is Serve's power-of-two-choices on
+    # queue length; "slack" is the buffer-slack router (serve/slack_router.py, cluster/routing.py). Replicas
+    # publish their ReplicaStats to Serve every routing_stats_period_s under either router.
+    router: str = "default"
+    routing_stats_period_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.policy:
@@ -105,6 +113,9 @@ class ServeConfig:
                  "ingress_max_ongoing: must be >= replicas x max_ongoing_requests + max_queued_requests")
         _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
         _require(self.max_body_bytes >= 1024, "max_body_bytes: must be >= 1024")
+        _require(self.router in ROUTERS, f"router: must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        _require(isinstance(self.routing_stats_period_s, (int, float)) and math.isfinite(self.routing_stats_period_s)
+                 and self.routing_stats_period_s > 0, "routing_stats_period_s: must be a finite number > 0")
         _require(0 <= self.port < 65536, "port: must be in [0, 65535]")
         _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.images is missing")
         self.engine_config()  # engine-level validation now, not in a replica

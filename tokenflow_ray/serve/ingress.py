@@ -3,12 +3,15 @@
 No `from __future__ import annotations` here: FastAPI reads route annotations at runtime, and string annotations
 of a class built inside a function do not resolve (a `request: Request` turns into a required query field).
 
-Every error is OpenAI-shaped. Errors found before the first token (bad JSON, validation, prompt too long) are plain
-HTTP errors: the ingress waits for the replica's first delta before it sends the SSE headers.
+Every error is OpenAI-shaped. Errors found before the first token (bad JSON, validation, prompt too long, a dead
+replica: 503) are plain HTTP errors: the ingress waits for the replica's first delta before it sends the SSE headers.
+After them a failure is an error event in the stream, then `[DONE]`; the client gets a short message with the
+stream id and the server log gets the details (errors.py).
 """
 
 
 import hmac
+import logging
 import math
 import time
 import uuid
@@ -24,6 +27,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenflow_ray.serve.central import CentralSettings, get_central
+from tokenflow_ray.serve.errors import stream_failure
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.protocol import (
     APIError,
@@ -33,7 +37,9 @@ from tokenflow_ray.serve.protocol import (
     engine_value_error,
     parse_body,
 )
-from tokenflow_ray.serve.responses import ChunkWriter, full_response, sse
+from tokenflow_ray.serve.responses import DONE, ChunkWriter, full_response, sse
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -151,15 +157,17 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
                 raise _queue_full(exc) from None
             except ValueError as exc:
                 raise engine_value_error(_cause(exc)) from None  # type: ignore[arg-type]
+            except Exception as exc:  # before the headers: a plain HTTP error (503 if the replica died)
+                raise self._failed(exc, stream_id, "before its first token") from None
             chat = isinstance(req, ChatCompletionRequest)
             created = int(time.time())
             if not req.stream:
                 return await self._collect(gen, first, stream_id, req.model, created, chat)
             writer = ChunkWriter(stream_id, req.model, created, chat, req.include_usage, req.continuous_usage)
-            return StreamingResponse(self._sse(gen, first, writer), media_type="text/event-stream",
+            return StreamingResponse(self._sse(gen, first, writer, stream_id), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Stream-Id": stream_id})
 
-        async def _sse(self, gen, first: Delta, writer: ChunkWriter) -> AsyncIterator[bytes]:
+        async def _sse(self, gen, first: Delta, writer: ChunkWriter, stream_id: str) -> AsyncIterator[bytes]:
             last = first
             try:
                 yield writer.chunk(first)
@@ -169,8 +177,8 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
                 yield writer.final(last)
             except StopAsyncIteration:
                 yield writer.final(last)
-            except Exception as exc:  # after the headers: the error goes inside the stream, as OpenAI does
-                yield sse(APIError(500, f"stream failed: {_cause(exc)}", code="stream_failed").body())
+            except Exception as exc:  # after the headers: the error goes inside the stream, then [DONE] (design.md)
+                yield sse(self._failed(exc, stream_id, "mid-stream").body()) + DONE
             finally:
                 if not last.finished:
                     gen.cancel()  # client gone: the replica aborts the stream and frees its KV
@@ -184,10 +192,25 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
                     parts.append(last.text)
             except StopAsyncIteration:
                 pass
+            except Exception as exc:  # no partial body: the whole answer is the error
+                raise self._failed(exc, stream_id, "mid-response") from None
             finally:
                 if not last.finished:
                     gen.cancel()
             return JSONResponse(full_response(stream_id, model, created, chat, "".join(parts), last))
+
+        def _failed(self, exc: BaseException, stream_id: str, when: str) -> APIError:
+            """The client's short error for a failed stream; the details (Ray's, with actor and node) are logged."""
+            err = stream_failure(exc, stream_id)
+            log.error("stream %s failed %s; answering %d %s", stream_id, when, err.status, err.code, exc_info=exc)
+            if err.code == "replica_unavailable":
+                # A dead replica cannot deregister its streams: drop this one from the central view now (fire and
+                # forget; the actor's sweep drops whatever is left of the replica).
+                try:
+                    self.central.deregister.remote(stream_id)
+                except Exception:  # the central actor is restarting: its tables start empty anyway
+                    log.warning("could not deregister stream %s", stream_id, exc_info=True)
+            return err
 
         # ---- the consumption-rate extension -------------------------------------------------------------------
         @api.post("/v1/streams/{stream_id}/consumption", status_code=204)

@@ -12,12 +12,17 @@ Definitions (TTFT, TBT, effective-throughput weights) are tokenflow_ray.metrics'
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from tokenflow_ray.metrics.stream_metrics import StreamRecord, effective_tokens
 
+# ReplicaStats fields (tokenflow_ray/cluster/replica_stats.py) the replica also exports through Ray; /metrics
+# renders every gauge in the snapshot, these included.
+ROUTING_GAUGES = ("num_paused", "num_live", "sum_rate", "waiting_rate", "capacity_tok_s", "min_buffer_s",
+                  "queued_prefill_s", "host_blocks_free", "admitted_total")
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -75,7 +80,8 @@ class ReplicaMetrics:
                                    "tokens weighted by reader buffer (rate() = effective throughput)", keys)
         self.gauges = {name: m.Gauge(f"tokenflow_{name}", name.replace("_", " "), keys)
                        for name in ("buffer_tokens_mean", "num_running", "num_waiting", "device_blocks_free",
-                                    "preemptions", "bytes_to_host", "bytes_from_host", "effective_tput")}
+                                    "preemptions", "bytes_to_host", "bytes_from_host", "effective_tput",
+                                    *ROUTING_GAUGES)}
         for metric in (self.ttft, self.tbt, self.tokens, self.effective, *self.gauges.values()):
             metric.set_default_tags(tags)
 
@@ -89,7 +95,8 @@ class ReplicaMetrics:
                 self.tokens.inc(r.output_len)
                 self.effective.inc(effective_tokens(r))
         for name, gauge in self.gauges.items():
-            value = stats.get(name)
+            # ReplicaStats leaves min_buffer_s out while no paced stream runs: NaN, not the last value seen.
+            value = stats.get(name, math.nan if name == "min_buffer_s" else None)
             if isinstance(value, (int, float)):
                 gauge.set(float(value))
 

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tokenflow_ray.engine.sampling import SamplingParams
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+                413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+                503: "service_unavailable"}
 
 
 class APIError(Exception):

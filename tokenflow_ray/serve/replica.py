@@ -14,8 +14,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import ray
 from ray import serve
 
+from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.central import CentralSettings, get_central
@@ -31,6 +33,9 @@ class ReplicaSettings:
     central: CentralSettings
     grouping: GroupingConfig = GroupingConfig()
     stats_interval_s: float = 0.5  # stats ride on the report long-poll at most this often
+    # The ReplicaStats that record_routing_stats hands Serve are refreshed on the engine thread this often and
+    # served from cache, so Serve's poll never waits behind a busy engine (keep it <= the routing stats period).
+    routing_stats_interval_s: float = 0.5
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
 
 
@@ -46,6 +51,7 @@ class LLMServer:
         self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.node_id = ray.get_runtime_context().get_node_id()  # in the global view: where each replica runs
         self.central = get_central(settings.central)
         self.metrics = ReplicaMetrics(engine_config.model.model)
         self.totals = StreamTotals()
@@ -53,7 +59,10 @@ class LLMServer:
         self._last_snapshot = time.monotonic()
         self._live: dict[str, float | None] = {}  # stream id -> declared rate, for re-registering after a restart
         self._active = 0  # streams being generated (the unpaced grouping budget is shared among them)
-        self._poll = asyncio.get_running_loop().create_task(self._poll_loop())
+        self._routing_stats: dict = {}  # the latest ReplicaStats.to_dict(); {} until the first refresh
+        loop = asyncio.get_running_loop()
+        self._poll = loop.create_task(self._poll_loop())
+        self._routing_refresh = loop.create_task(self._routing_stats_loop())
 
     # ---- token path -------------------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
@@ -135,9 +144,33 @@ class LLMServer:
             except (LookupError, ValueError) as exc:  # finished meanwhile, or ahead of what was generated
                 log.debug("report for %s dropped: %s", r.stream_id, exc)
 
+    async def _routing_stats_loop(self) -> None:
+        while True:
+            try:
+                self._cache_routing_stats(await self.aengine.call(lambda: replica_stats_from_engine(self.engine)))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a dead engine fails its health check; the stats just stop changing
+                log.exception("routing stats refresh failed")
+            await asyncio.sleep(self.settings.routing_stats_interval_s)
+
+    def _cache_routing_stats(self, rs) -> None:
+        if rs.computed_at >= self._routing_stats.get("computed_at", 0.0):  # two refresh paths: keep the newer
+            self._routing_stats = rs.to_dict()
+
+    async def record_routing_stats(self) -> dict:
+        """Serve's hook (RequestRouterConfig.request_routing_stats_period_s): the cached ReplicaStats."""
+        return self._routing_stats
+
     async def _stats_snapshot(self) -> dict:
         def collect():  # engine thread: engine state is only touched there
-            stats = engine_stats_dict(self.engine.stats())
+            es = self.engine.stats()
+            rs = replica_stats_from_engine(self.engine, es)
+            # One snapshot for both consumers: /metrics gets the routing fields under the same names, and the
+            # router's cache gets the same numbers.
+            stats = engine_stats_dict(es)
+            stats.pop("min_buffer_s", None)  # ReplicaStats' definition (absent when no paced stream runs)
+            stats.update(rs.gauges())
             done = stats.get("streams_finished", 0)
             new = min(done - self._seen_finished, len(self.engine.finished_records))
             self._seen_finished = done
@@ -145,17 +178,17 @@ class LLMServer:
             now = self.engine.clock.now()
             buffers = [s.reader.buffer_at(now) for s in self.engine.scheduler.streams.values()]
             stats["buffer_tokens_mean"] = sum(buffers) / len(buffers) if buffers else 0.0
-            stats.update(self._kv_usage())
-            return stats, records
+            return stats, records, rs
 
-        stats, records = await self.aengine.call(collect)
+        stats, records, rs = await self.aengine.call(collect)
+        self._cache_routing_stats(rs)
         before, now = self.totals.effective_tokens, time.monotonic()
         self.totals.add(records)
         # Effective throughput over the window since the last snapshot (streams count when they finish).
         stats["effective_tput"] = (self.totals.effective_tokens - before) / max(1e-3, now - self._last_snapshot)
         self._last_snapshot = now
         self.metrics.observe(records, stats)
-        return {"gauges": stats, "totals": self.totals.to_dict()}
+        return {"gauges": stats, "totals": self.totals.to_dict(), "node_id": self.node_id}
 
     def _kv_usage(self) -> dict[str, int]:  # engine thread
         usage = {"device_blocks_total": self.engine.pool.num_blocks, "device_blocks_free": self.engine.pool.num_free}
@@ -201,8 +234,9 @@ class LLMServer:
         await asyncio.wait_for(self.aengine.call(lambda: None), timeout=20.0)
 
     def __del__(self) -> None:
-        poll = getattr(self, "_poll", None)
-        if poll is not None:
-            poll.cancel()
+        for name in ("_poll", "_routing_refresh"):
+            task = getattr(self, name, None)
+            if task is not None:
+                task.cancel()
         if hasattr(self, "aengine"):
             self.aengine.shutdown(timeout=1.0)

@@ -1,0 +1,44 @@
+"""`tokenflow bench routing` without Ray: the seeded burst, the config checks and the medians over rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenflow_ray.bench.routing_bench import RoutingBenchConfig, RoutingRun, _median_summary
+
+
+def test_the_burst_is_seeded_mixed_and_within_its_window():
+    cfg = RoutingBenchConfig(streams=20, max_tokens=40, rate=10.0, burst_s=1.5)
+    specs = cfg.specs()
+    assert specs == cfg.specs() and specs != RoutingBenchConfig(streams=20, seed=1).specs()
+    assert {s.rate for s in specs} == {5.0, 15.0}
+    assert all(20 <= s.max_tokens <= 60 and 0 <= s.start_s <= 1.5 for s in specs)
+    assert len({len(s.prompt) for s in specs}) > 3  # prompt lengths vary too
+
+
+def test_config_checks_and_one_app_per_router():
+    for bad in ({"routers": ("nope",)}, {"routers": ()}, {"streams": 0}, {"rate": 0}):
+        with pytest.raises(ValueError):
+            RoutingBenchConfig(**bad)
+    cfg = RoutingBenchConfig()
+    a, b = cfg.serve_config("slack"), cfg.serve_config("default")
+    assert (a.router, b.router) == ("slack", "default") and a.app_name != b.app_name
+    assert a.replicas == b.replicas == 2 and a.engine_config() == b.engine_config()
+
+
+class _Run(RoutingRun):
+    def __init__(self, rnd: int, summary: dict) -> None:
+        self.round, self._summary = rnd, summary
+
+    def summary(self) -> dict:
+        return self._summary
+
+
+def test_medians_over_rounds_keep_every_round():
+    rounds = [_Run(i, {"effective_tput": e, "ttft_p50_s": 0.1 * i, "ttft_p99_s": 1.0, "raw_tput": 50.0,
+                       "stall_s": s, "per_replica_streams": p, "complete": c, "round": i})
+              for i, (e, s, p, c) in enumerate([(10, 3, [6, 4], 10), (30, 1, [5, 5], 10), (20, 2, [7], 9)])]
+    out = _median_summary(rounds)
+    assert (out["effective_tput"], out["stall_s"], out["ttft_p50_s"]) == (20, 2, pytest.approx(0.1))
+    assert out["per_replica_streams"] == [6, 4] and out["complete"] == 9
+    assert [r["round"] for r in out["rounds"]] == [0, 1, 2]

@@ -1,0 +1,199 @@
+"""The buffer-slack routing decision (pure Python): what it prefers, what it avoids, how bookings spread a burst."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from tokenflow_ray.cluster.inflight import InflightLedger, InflightLoad
+from tokenflow_ray.cluster.replica_stats import ReplicaStats
+from tokenflow_ray.cluster.routing import (
+    NewStream,
+    SlackRouterConfig,
+    prompt_tokens_estimate,
+    rank_replicas,
+    score_replica,
+)
+
+CFG = SlackRouterConfig()
+NEW = NewStream(rate=10.0, prompt_tokens=32)
+
+
+def stats(**over) -> ReplicaStats:
+    """An idle replica: 256 free blocks of 16, Γ = 500 tok/s, a 20 ms prefill of 32 tokens after a 10 ms step."""
+    base = dict(computed_at=100.0, block_size=16, device_blocks_total=256, device_blocks_free=256,
+                host_blocks_total=1024, host_blocks_free=1024, waiting_prompt_blocks=0, sum_rate=0.0,
+                waiting_rate=0.0, capacity_tok_s=500.0, min_buffer_s=None, queued_prefill_s=0.0, decode_step_s=0.01,
+                prefill_fixed_s=0.01, prefill_s_per_token=0.0003125, prefill_chunk_tokens=512, num_running=0,
+                num_paused=0, num_waiting=0, num_live=0)
+    base.update(over)
+    # Totals consistent with the live count unless given: admitted = finished + live.
+    if "admitted_total" in base:
+        base.setdefault("finished_total", base["admitted_total"] - base["num_live"])
+    base.setdefault("finished_total", 0)
+    base.setdefault("admitted_total", base["finished_total"] + base["num_live"])
+    return ReplicaStats(**base)
+
+
+def rank(by_replica: dict, inflight: dict | None = None, new: NewStream = NEW, cfg: SlackRouterConfig = CFG):
+    return rank_replicas(by_replica, inflight or {}, new, cfg)
+
+
+def test_more_headroom_wins_between_replicas_that_can_start_at_once():
+    busy = stats(sum_rate=400.0, num_running=20, num_live=20)
+    light = stats(sum_rate=50.0, num_running=20, num_live=20)
+    assert rank({"a": busy, "b": light}) == ["b", "a"]
+    assert rank({"a": light, "b": busy}) == ["a", "b"]
+
+
+def test_a_replica_whose_memory_is_full_is_avoided_even_with_a_shorter_queue():
+    full = stats(device_blocks_free=1)
+    queued = stats(num_waiting=2, num_live=2, queued_prefill_s=0.04, waiting_prompt_blocks=4)
+    assert rank({"a": full, "b": queued}) == ["b", "a"]
+    # Waiting streams' prompts and streams booked since the stats count against the free blocks too.
+    claimed = stats(device_blocks_free=5, waiting_prompt_blocks=4)  # 1 block left; the prompt needs 2
+    assert score_replica("a", claimed, InflightLoad(), NEW, CFG).free_blocks == 1
+    assert rank({"a": claimed, "b": queued}) == ["b", "a"]
+    booked = stats(device_blocks_free=6)
+    assert rank({"a": booked, "b": queued}, {"a": InflightLoad(1, 0.0, (70,))}) == ["b", "a"]  # 5 blocks booked
+
+
+def test_memory_penalty_knob():
+    full = stats(device_blocks_free=1)
+    queued = stats(num_waiting=4, num_live=4, queued_prefill_s=0.1, waiting_prompt_blocks=8)
+    assert rank({"a": full, "b": queued}, cfg=SlackRouterConfig(memory_penalty_s=0.0)) == ["a", "b"]
+
+
+def test_an_overloaded_replica_is_avoided_and_the_horizon_knob_prices_it():
+    over = stats(sum_rate=480.0, waiting_rate=40.0, num_running=30, num_live=30)  # 530 tok/s of demand on Γ=500
+    queued = stats(num_waiting=3, num_live=3, queued_prefill_s=0.06, waiting_prompt_blocks=6)
+    assert rank({"a": over, "b": queued}) == ["b", "a"]
+    no_horizon = SlackRouterConfig(overload_horizon_s=0.0, utilisation_weight_s=0.0)
+    assert rank({"a": over, "b": queued}, cfg=no_horizon) == ["a", "b"]
+
+
+def test_a_replica_whose_readers_would_stall_loses_to_a_slower_start_elsewhere():
+    # a: 0.20 s of prefill queued while a running reader has 0.05 s buffered: it would stall ~0.17 s.
+    urgent = stats(queued_prefill_s=0.20, num_waiting=4, num_running=4, num_live=8, min_buffer_s=0.05,
+                   waiting_prompt_blocks=8)
+    # b: a longer queue, but every reader has seconds buffered.
+    relaxed = stats(queued_prefill_s=0.25, num_waiting=5, num_running=4, num_live=9, min_buffer_s=3.0,
+                    waiting_prompt_blocks=10)
+    assert score_replica("a", urgent, InflightLoad(), NEW, CFG).ttft_s < \
+        score_replica("b", relaxed, InflightLoad(), NEW, CFG).ttft_s
+    assert rank({"a": urgent, "b": relaxed}) == ["b", "a"]
+    # Without slack to protect, the shorter queue wins.
+    assert rank({"a": dataclasses.replace(urgent, min_buffer_s=None), "b": relaxed}) == ["a", "b"]
+
+
+def test_utilisation_weight_knob_trades_a_little_ttft_for_headroom():
+    hot = stats(sum_rate=480.0, num_running=30, num_live=30)  # starts it at once, Γ nearly used
+    cool = stats(num_waiting=3, num_live=3, queued_prefill_s=0.06, waiting_prompt_blocks=6)  # 3 prefills ahead
+    assert rank({"a": hot, "b": cool}) == ["b", "a"]
+    assert rank({"a": hot, "b": cool}, cfg=SlackRouterConfig(utilisation_weight_s=0.0)) == ["a", "b"]
+
+
+def test_scores_within_the_tolerance_tie_and_headroom_decides():
+    quick_hot = stats(sum_rate=300.0, num_running=10, num_live=10)
+    slower_cool = stats(num_waiting=1, num_live=1, queued_prefill_s=0.03, waiting_prompt_blocks=2)
+    # 30 ms apart: within the default 50 ms, so the replica with 300 tok/s more headroom wins despite its queue
+    # (utilisation priced at 0, to see the tolerance alone).
+    no_util = SlackRouterConfig(utilisation_weight_s=0.0)
+    assert rank({"a": quick_hot, "b": slower_cool}, cfg=no_util) == ["b", "a"]
+    exact = SlackRouterConfig(utilisation_weight_s=0.0, ttft_tolerance_s=0.0)
+    assert rank({"a": quick_hot, "b": slower_cool}, cfg=exact) == ["a", "b"]
+    # Tiers are cut from the best remaining score: three replicas 40 ms apart form two tiers, not one chain.
+    chain = {"a": stats(queued_prefill_s=0.0, sum_rate=300.0), "b": stats(queued_prefill_s=0.04, sum_rate=200.0),
+             "c": stats(queued_prefill_s=0.08)}
+    assert rank(chain, cfg=no_util) == ["b", "a", "c"]
+
+
+def test_ties_are_broken_deterministically_by_headroom_blocks_then_id():
+    same = stats()
+    assert rank({"r2": same, "r0": same, "r1": same}) == ["r0", "r1", "r2"]
+    assert rank({"r1": same, "r2": same, "r0": same}) == ["r0", "r1", "r2"]
+    # Equal scores, more free blocks first (memory is not short on either, so it only breaks the tie).
+    assert rank({"a": stats(device_blocks_free=100), "b": stats(device_blocks_free=200)}) == ["b", "a"]
+
+
+def test_idle_replicas_take_turns_with_light_sequential_load():
+    """Each stream finishes before the next arrives: the stats never change, no booking is left, and the least
+    recently chosen replica takes the next one instead of all of them landing on the smallest id."""
+    idle = {rid: stats() for rid in ("a", "b", "c")}
+    ledger = InflightLedger()
+    picks = []
+    for i in range(6):
+        order = rank(idle, {rid: ledger.load(rid) for rid in idle})
+        ledger.book(f"q{i}", order[0], now=float(i), rate=NEW.rate, prompt_tokens=NEW.prompt_tokens)
+        ledger.complete(f"q{i}", float(i))
+        picks.append(order[0])
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_in_flight_bookings_spread_a_burst_of_2n_evenly_over_stale_stats(n):
+    stale = {f"r{i}": stats(admitted_total=7) for i in range(n)}  # never refreshed during the burst
+    ledger = InflightLedger()
+    for rid, s in stale.items():
+        ledger.observe(rid, s.admitted_total, s.finished_total)
+    for i in range(2 * n):
+        order = rank(stale, {rid: ledger.load(rid) for rid in stale})
+        ledger.book(f"req{i}", order[0], now=0.0, rate=NEW.rate, prompt_tokens=NEW.prompt_tokens)
+    assert Counter(ledger.replica_of(f"req{i}") for i in range(2 * n)) == {rid: 2 for rid in stale}
+
+
+def test_a_noisy_capacity_estimate_does_not_skew_a_burst():
+    """Seen on Serve: one replica's (stale) Γ at 675 tok/s, its twin's at 1738. Both start every stream at once,
+    so the 8 identical streams split by demand, 4/4, not in proportion to the estimates (2/6)."""
+    twins = {"a": stats(capacity_tok_s=675.0), "b": stats(capacity_tok_s=1738.0)}
+    ledger = InflightLedger()
+    for i in range(8):
+        order = rank(twins, {rid: ledger.load(rid) for rid in twins}, NewStream(8.0, 40))
+        ledger.book(f"q{i}", order[0], now=0.0, rate=8.0, prompt_tokens=40)
+    assert Counter(ledger.replica_of(f"q{i}") for i in range(8)) == {"a": 4, "b": 4}
+
+
+def test_without_bookings_the_same_stale_stats_herd():
+    """The failure the bookings exist for (ray-notes §6.2): every pick of the burst is the same replica."""
+    stale = {f"r{i}": stats() for i in range(3)}
+    assert {rank(stale)[0] for _ in range(6)} == {"r0"}
+
+
+def test_replicas_without_stats_fall_back_to_an_even_spread_by_stream_count():
+    assert rank({"b": None, "a": None, "c": None}) == ["a", "b", "c"]
+    loads = {"a": InflightLoad(count=2), "b": InflightLoad(), "c": InflightLoad(count=1)}
+    assert rank({"a": None, "b": None, "c": None}, loads) == ["b", "c", "a"]
+    # One replica just started (no stats yet): counted against the others' live streams, not their scores.
+    assert rank({"old": stats(num_running=3, num_live=3), "new": None}, {"new": InflightLoad(count=1)}) == \
+        ["new", "old"]
+    ledger = InflightLedger()
+    picks = []
+    for i in range(6):
+        order = rank({"a": None, "b": None, "c": None}, {r: ledger.load(r) for r in "abc"})
+        ledger.book(f"q{i}", order[0], 0.0, 0.0, 8)
+        picks.append(order[0])
+    assert Counter(picks) == {"a": 2, "b": 2, "c": 2}
+
+
+def test_prompt_estimates_and_their_knob():
+    assert prompt_tokens_estimate((1, 2, 3), None, CFG) == 3
+    assert prompt_tokens_estimate("héllo", None, CFG) == 6  # bytes: the embedded tokenizer is byte-level
+    assert prompt_tokens_estimate("a" * 40, None, SlackRouterConfig(bytes_per_token=4.0)) == 10
+    assert prompt_tokens_estimate(None, (("user", "abcd"), ("system", "ef")), CFG) == len("userabcdsystemef")
+    assert prompt_tokens_estimate("", None, CFG) == 1
+
+
+def test_config_and_stats_are_validated():
+    for bad in ({"overload_horizon_s": -1}, {"inflight_ttl_s": 0}, {"bytes_per_token": float("inf")},
+                {"default_rate": -0.5}):
+        with pytest.raises(ValueError):
+            SlackRouterConfig(**bad)
+    with pytest.raises(ValueError, match="num_live"):
+        stats(num_running=1)
+    with pytest.raises(ValueError, match="capacity_tok_s"):
+        stats(capacity_tok_s=float("nan"))
+    with pytest.raises(ValueError, match="unknown"):
+        ReplicaStats.from_dict({**stats().to_dict(), "extra": 1})
+    assert ReplicaStats.from_dict(stats(min_buffer_s=1.5).to_dict()) == stats(min_buffer_s=1.5)

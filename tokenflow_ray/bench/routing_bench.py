@@ -1,0 +1,189 @@
+"""`tokenflow bench routing`: one seeded burst over 2 replicas, routed by the buffer-slack router and by Serve's
+default (power of two choices on queue length), compared.
+
+Fair by construction (cluster-notes §5.2): both apps are deployed side by side on the same Ray instance with the
+same replica count, engine config and stats period, so only the routing decision differs; the same burst (fixed
+seed, fixed schedule) runs against each in turn, the order alternating round by round, and each figure is the
+median over rounds, with every round kept in the JSON. The burst mixes reading rates, prompt and output lengths:
+a router that balances stream counts (Serve's) and one that balances demand against capacity and buffer slack
+(ours) only differ when streams differ.
+
+Streams per replica are counted by the replicas themselves (ReplicaStats.admitted_total before and after, through
+the central actor's stats); the central actor's view of which replica each live stream is on, sampled while the
+burst runs, gives the per-replica time series of the PNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from tokenflow_ray.client import LoadResult, StreamSpec, run_load
+from tokenflow_ray.serve.config import ROUTERS, ServeConfig
+
+
+@dataclass(frozen=True)
+class RoutingBenchConfig:
+    streams: int = 48
+    max_tokens: int = 96  # mean output length; each stream draws from [0.5x, 1.5x]
+    rate: float = 12.0  # mean reading rate; half the readers at 0.5x, half at 1.5x
+    burst_s: float = 2.0  # arrivals spread uniformly (seeded) over this long
+    replicas: int = 2
+    rounds: int = 3
+    seed: int = 0
+    routers: tuple[str, ...] = ("slack", "default")
+    cpus_per_replica: float = 1.0
+    policy: str = "tokenflow"
+    num_device_blocks: int = 256  # per replica: contention, so placement matters
+    num_host_blocks: int = 1024
+    timeout_s: float = 240.0  # per run
+    sample_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if min(self.streams, self.max_tokens, self.replicas, self.rounds) <= 0 or self.rate <= 0:
+            raise ValueError("streams, max_tokens, replicas, rounds and rate must be positive")
+        if not self.routers or any(r not in ROUTERS for r in self.routers):
+            raise ValueError(f"routers: any of {', '.join(ROUTERS)}, got {self.routers!r}")
+        for r in self.routers:
+            self.serve_config(r)  # validates the rest before anything starts
+
+    def serve_config(self, router: str) -> ServeConfig:
+        name = f"route_{router}"
+        return ServeConfig(app_name=name, route_prefix=f"/{name}", replicas=self.replicas, router=router,
+                           policy=self.policy, num_cpus=self.cpus_per_replica, num_device_blocks=self.num_device_blocks,
+                           num_host_blocks=self.num_host_blocks, expected_stream_tokens=64 + self.max_tokens,
+                           images=False)
+
+    def specs(self) -> list[StreamSpec]:
+        rng = random.Random(self.seed)
+        out = []
+        for i in range(self.streams):
+            words = rng.randint(2, 16)  # prompts of ~40-120 bytes
+            topic = " ".join(rng.choice(("sea", "wind", "ships", "stars", "rain", "maps")) for _ in range(words))
+            out.append(StreamSpec(f"Reader {i:03d}: tell me about {topic}.",
+                                  max_tokens=max(1, round(self.max_tokens * rng.uniform(0.5, 1.5))),
+                                  rate=self.rate * (0.5 if i % 2 else 1.5), start_s=rng.uniform(0, self.burst_s)))
+        return out
+
+
+@dataclass
+class RoutingRun:
+    router: str
+    round: int
+    load: LoadResult
+    per_replica: dict[str, int]  # replica label -> streams it served
+    timeline: list[tuple[float, dict[str, int]]]  # (seconds since start, replica label -> live streams)
+
+    def summary(self) -> dict:
+        s = self.load.summary()
+        counts = sorted(self.per_replica.values(), reverse=True)
+        return {"effective_tput": s.effective_tput, "ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s,
+                "raw_tput": s.raw_tput, "stall_s": s.stall_s, "per_replica_streams": counts,
+                "complete": self.load.num_complete, "rejected": self.load.num_rejected, "round": self.round}
+
+
+def _admitted(central) -> dict[str, int]:
+    """Streams each replica's engine ever admitted (ReplicaStats.admitted_total, as its last stats report)."""
+    import ray
+
+    return {rid: int(s["gauges"]["admitted_total"]) for rid, s in ray.get(central.stats.remote()).items()}
+
+
+def _settled(central, expected: int, before: dict[str, int], timeout_s: float = 30.0) -> dict[str, int]:
+    """Per-replica admissions since `before`, once the replicas' stats account for all `expected` of them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = _admitted(central)
+        delta = {rid: n - before.get(rid, 0) for rid, n in now.items()}
+        if sum(delta.values()) >= expected or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.2)
+
+
+async def _sampled_load(base_url: str, specs: list[StreamSpec], central, cfg: RoutingBenchConfig):
+    import ray
+
+    timeline: list[tuple[float, dict[str, int]]] = []
+    start = time.monotonic()
+    load = asyncio.create_task(run_load(base_url, specs, timeout_s=cfg.timeout_s, report_interval_s=1.0))
+    while True:  # live streams per replica, as the central actor's view places them (one sample after the end)
+        done = load.done()
+        view = await asyncio.to_thread(lambda: ray.get(central.view.remote()))
+        counts: dict[str, int] = {}
+        for v in view.values():
+            counts[v["replica_id"]] = counts.get(v["replica_id"], 0) + 1
+        timeline.append((time.monotonic() - start, counts))
+        if done:
+            return await load, timeline
+        await asyncio.sleep(cfg.sample_s)
+
+
+def _run_once(base_url: str, cfg: RoutingBenchConfig, router: str, rnd: int, central) -> RoutingRun:
+    warm = cfg.replicas
+    start = _admitted(central)
+    asyncio.run(run_load(base_url, [StreamSpec("warm up", max_tokens=2)] * warm, timeout_s=60))
+    _settled(central, warm, start)  # the warm-up is in the stats: what follows is the burst's alone
+    before = _admitted(central)
+    res, timeline = asyncio.run(_sampled_load(base_url, cfg.specs(), central, cfg))
+    # Counted by the replicas themselves: a short stream can start and end between two samples of the view.
+    delta = _settled(central, res.num_admitted, before)
+    replicas = sorted(set(delta) | {rid for _, c in timeline for rid in c})
+    label = {rid: f"replica {i}" for i, rid in enumerate(replicas)}
+    per_replica = {label[rid]: delta.get(rid, 0) for rid in replicas}
+    series = [(t, {label[rid]: c.get(rid, 0) for rid in replicas}) for t, c in timeline]
+    return RoutingRun(router, rnd, res, per_replica, series)
+
+
+def _median_summary(runs: list[RoutingRun]) -> dict:
+    rounds = [r.summary() for r in runs]
+    out = {k: statistics.median(s[k] for s in rounds)
+           for k in ("effective_tput", "ttft_p50_s", "ttft_p99_s", "raw_tput", "stall_s")}
+    width = max(len(s["per_replica_streams"]) for s in rounds)
+    padded = [s["per_replica_streams"] + [0] * (width - len(s["per_replica_streams"])) for s in rounds]
+    out["per_replica_streams"] = [statistics.median(col) for col in zip(*padded)]  # most loaded first
+    out["complete"] = min(s["complete"] for s in rounds)
+    out["rounds"] = rounds
+    return out
+
+
+def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[RoutingRun]]]:
+    from tokenflow_ray.serve.app import deploy, undeploy
+    from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
+    from tokenflow_ray.serve.local import local_serve
+
+    started = time.monotonic()
+    configs = {r: cfg.serve_config(r) for r in cfg.routers}
+    cpus = max(2, int(round(cfg.replicas * cfg.cpus_per_replica * len(cfg.routers) + 0.5)))
+    runs: dict[str, list[RoutingRun]] = {r: [] for r in cfg.routers}
+    order: list[str] = []
+    with local_serve(num_cpus=cpus) as base_url:
+        try:
+            for sc in configs.values():
+                deploy(sc)
+            centrals = {r: get_central(CentralSettings(central_name(sc.app_name), sc.central_namespace))
+                        for r, sc in configs.items()}
+            for rnd in range(cfg.rounds):
+                for router in (cfg.routers if rnd % 2 == 0 else tuple(reversed(cfg.routers))):
+                    order.append(router)
+                    url = f"{base_url}{configs[router].route_prefix}"
+                    runs[router].append(_run_once(url, cfg, router, rnd, centrals[router]))
+        finally:
+            for sc in configs.values():
+                undeploy(sc)
+    report = {"workload": {**asdict(cfg), "routers": list(cfg.routers)}, "order": order,
+              "routers": {r: _median_summary(rs) for r, rs in runs.items()},
+              "wall_s": time.monotonic() - started}
+    return report, runs
+
+
+def print_table(report: dict) -> None:
+    w = report["workload"]
+    print(f"{w['streams']} streams over {w['replicas']} replicas, median of {w['rounds']} rounds")
+    print(f"{'router':>8} {'eff tok/s':>10} {'raw tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'stall s':>8}  "
+          "per replica")
+    for name, r in report["routers"].items():
+        print(f"{name:>8} {r['effective_tput']:>10.1f} {r['raw_tput']:>10.1f} {r['ttft_p50_s']:>9.3f} "
+              f"{r['ttft_p99_s']:>9.3f} {r['stall_s']:>8.1f}  {r['per_replica_streams']}")

@@ -1,0 +1,137 @@
+"""The buffer-slack routing decision: which replica can start a new stream soonest without starving its readers.
+
+Every replica is priced in seconds, so the terms add up and heterogeneous replicas compare fairly:
+
+    score = ttft + slack_stall + overload + memory + utilisation
+    ttft        = the step in progress at the replica's running batch + prefill queued there + prefill of streams
+                  booked there since its last stats + this stream's own prefill (the replica's cost model prices
+                  each)
+    slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
+                  running reader stalls for whatever the buffer does not cover (what "without pushing a stream
+                  below its buffer slack" costs when it cannot be avoided)
+    overload    = overload_horizon_s × (D − Γ)/D when the demand D = Σ rate (working set + waiting in the stats,
+                  plus booked, less departed since them (inflight.py), plus this stream) exceeds the decode
+                  capacity Γ: the share of time every reader there would starve
+    memory      = memory_penalty_s when the free device blocks, less what waiting and booked streams need, do not
+                  hold this stream's prompt: someone must be paused (or the stream waits) before it starts
+    utilisation = utilisation_weight_s × D/Γ: between replicas that can all start it at once, the one with more
+                  headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
+
+Scores within `ttft_tolerance_s` of the best remaining one count as equal: each replica's cost model is learned
+from its own noisy steps (a shared CPU, a GPU's clocks), and letting a few milliseconds of estimate decide would
+send every stream to whichever replica happens to look fastest while both can start it at once. Equal replicas go
+to the lower demand D (Σ rate, booked streams and this one included), then the larger free share of the device
+pool, then to the one this router sent a stream to least recently (idle replicas take turns rather than all light
+load landing on one), then the smaller replica id: deterministic. Demand, not headroom Γ − D nor D/Γ: Γ is an
+estimate too, and two identical replicas' estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale),
+which would hand one replica 6 of 8 identical streams; capacity differences still count through the score's
+utilisation term and, near Γ, the overload term. A burst spreads because each stream booked on a replica adds its
+rate and prompt blocks there, and streams already running count through D and the blocks they hold.
+
+Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
+ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
+bookings keep a burst from herding.
+
+Pure Python (no ray): `SlackRequestRouter` (serve/slack_router.py) is the thin Serve adapter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tokenflow_ray.cluster.inflight import InflightLoad
+from tokenflow_ray.cluster.replica_stats import ReplicaStats
+
+
+@dataclass(frozen=True)
+class SlackRouterConfig:
+    overload_horizon_s: float = 10.0  # seconds of starvation an overload is priced over
+    memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
+    utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
+    ttft_tolerance_s: float = 0.05  # scores this close count as equal; headroom, then free blocks decide
+    inflight_ttl_s: float = 5.0  # a booking the stats never confirm is dropped after this long
+    default_rate: float = 0.0  # rate of a request that declares none (the server's default_rate)
+    bytes_per_token: float = 1.0  # text prompt length estimate (the embedded model's tokenizer is byte-level)
+
+    def __post_init__(self) -> None:
+        for name in ("overload_horizon_s", "memory_penalty_s", "utilisation_weight_s", "ttft_tolerance_s",
+                     "default_rate"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        for name in ("inflight_ttl_s", "bytes_per_token"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class NewStream:
+    rate: float  # declared tokens/s (0: unpaced)
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class ReplicaScore:
+    replica_id: str
+    score_s: float
+    ttft_s: float
+    demand_tok_s: float  # D: Σ declared rate there, with the booked streams and this one
+    headroom_tok_s: float  # Γ − D
+    utilisation: float  # D / Γ
+    free_blocks: int  # free device blocks less what waiting and booked streams claim
+    free_share: float  # free_blocks / the device pool
+    last_booked_at: float  # this router's latest booking there
+
+
+def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, new: NewStream,
+                  cfg: SlackRouterConfig) -> ReplicaScore:
+    ttft = (stats.decode_step_s + stats.queued_prefill_s + sum(stats.prefill_s(n) for n in inflight.prompt_tokens)
+            + stats.prefill_s(new.prompt_tokens))
+    stall = 0.0 if stats.min_buffer_s is None else max(0.0, ttft - stats.min_buffer_s)
+    demand = max(0.0, stats.demand_rate + inflight.rate) + new.rate  # departures can undercut stale stats
+    capacity = stats.capacity_tok_s
+    overload = 0.0
+    if demand > capacity:
+        overload = cfg.overload_horizon_s * (demand - capacity) / demand
+    free = (stats.device_blocks_free - stats.waiting_prompt_blocks
+            - sum(stats.blocks_for(n) for n in inflight.prompt_tokens))
+    memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
+    used = demand / capacity  # ReplicaStats guarantees Γ > 0
+    utilisation = cfg.utilisation_weight_s * used
+    return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, demand, capacity - demand,
+                        used, free, free / max(1, stats.device_blocks_total), inflight.last_booked_at)
+
+
+def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[str, InflightLoad], new: NewStream,
+                  cfg: SlackRouterConfig) -> list[str]:
+    """Candidate replica ids (the keys of `stats`; None: no stats yet), best first."""
+    if any(s is None for s in stats.values()):
+        def count(rid: str) -> int:
+            s = stats[rid]
+            return inflight.get(rid, InflightLoad()).count + (0 if s is None else s.num_live)
+
+        return sorted(stats, key=lambda rid: (count(rid), inflight.get(rid, InflightLoad()).last_booked_at, rid))
+    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg)
+                        for rid, s in stats.items() if s is not None),
+                       key=lambda r: (r.score_s, r.replica_id))
+    order: list[str] = []
+    while remaining:  # the best remaining score and those within the tolerance of it form the next tier
+        cut = remaining[0].score_s + cfg.ttft_tolerance_s
+        tier = [r for r in remaining if r.score_s <= cut]
+        remaining = remaining[len(tier):]
+        tier.sort(key=lambda r: (r.demand_tok_s, -r.free_share, r.last_booked_at, r.replica_id))
+        order += [r.replica_id for r in tier]
+    return order
+
+
+def prompt_tokens_estimate(prompt: object, messages: object, cfg: SlackRouterConfig) -> int:
+    """Token count of a request's prompt as the router can see it: ids are exact, text is estimated."""
+    if isinstance(prompt, (tuple, list)):
+        return max(1, len(prompt))
+    text = prompt if isinstance(prompt, str) else ""
+    if isinstance(messages, (tuple, list)):
+        text = "".join(str(c) for m in messages for c in (m if isinstance(m, (tuple, list)) else (m,)))
+    return max(1, math.ceil(len(text.encode()) / cfg.bytes_per_token))
