@@ -145,14 +145,18 @@ class LLMServer:
                 log.debug("report for %s dropped: %s", r.stream_id, exc)
 
     async def _routing_stats_loop(self) -> None:
+        interval = self.settings.routing_stats_interval_s
         while True:
             try:
-                self._cache_routing_stats(await self.aengine.call(lambda: replica_stats_from_engine(self.engine)))
+                # The report poll's snapshot refreshes the same cache; build one here only when it has not lately.
+                if time.time() - self._routing_stats.get("computed_at", 0.0) >= interval:
+                    self._cache_routing_stats(
+                        await self.aengine.call(lambda: replica_stats_from_engine(self.engine)))
             except asyncio.CancelledError:
                 raise
             except Exception:  # a dead engine fails its health check; the stats just stop changing
                 log.exception("routing stats refresh failed")
-            await asyncio.sleep(self.settings.routing_stats_interval_s)
+            await asyncio.sleep(interval / 2)  # the cache is then never older than about the interval
 
     def _cache_routing_stats(self, rs) -> None:
         if rs.computed_at >= self._routing_stats.get("computed_at", 0.0):  # two refresh paths: keep the newer
