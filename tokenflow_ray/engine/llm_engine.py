@@ -1,10 +1,17 @@
 """LLMEngine: add_request / abort / step, plus blocking helpers. Single-threaded; see async_engine for the loop.
 
 Pure Python: the runner (torch) is passed in or built by `LLMEngine.from_config`, which imports it lazily.
+
+A step has two halves so several engines can share one virtual clock (the simulator, tokenflow_ray/sim/):
+`begin_step` schedules at the clock's now and returns the plan; `finish_step` applies the runner's result at the
+time the step ended. `step()` is the two back to back around `runner.execute`. Requests may arrive in the future:
+they are held, already validated, until the clock reaches their arrival; `next_event_time` says when the engine
+next has something to do.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import uuid
 from collections import deque
@@ -18,6 +25,7 @@ from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.engine.cost_model import CostModel
 from tokenflow_ray.engine.detokenizer import DecoderFactory, StopMatcher, StreamDecoder
 from tokenflow_ray.engine.outputs import EngineStats, GenerationResult, StreamOutput
+from tokenflow_ray.engine.plan import StepPlan, StepResult
 from tokenflow_ray.engine.runner_api import ModelRunner, encode_prompt
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.scheduler import Scheduler
@@ -36,6 +44,16 @@ class _TextState:
     text: list[str] = field(default_factory=list)
 
 
+@dataclass
+class BegunStep:
+    """The first half of a step: the plan to run (None when there is nothing to run now), when it was planned,
+    and outputs produced outside the step (aborts) that `finish_step` hands back with the step's own."""
+
+    plan: StepPlan | None
+    start: float
+    outputs: list[StreamOutput]
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: ModelRunner, tokenizer: Any,
                  clock: Clock | None = None) -> None:
@@ -50,6 +68,9 @@ class LLMEngine:
         self._decoders = DecoderFactory(tokenizer) if tokenizer is not None else None
         self._text: dict[str, _TextState] = {}
         self._pending: list[StreamOutput] = []  # outputs produced outside step(): aborts
+        # Validated streams whose arrival is still in the future: a heap of (arrival, order, id) and the streams.
+        self._arrivals: list[tuple[float, int, str]] = []
+        self._future: dict[str, Stream] = {}
         self.idle = False  # the last step had nothing to run (loops wait briefly instead of spinning)
         info = runner.info
         # A stream may not outgrow the model's context nor the whole device pool (it would preempt itself forever).
@@ -71,21 +92,28 @@ class LLMEngine:
     def add_request(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                     stream_id: str | None = None, arrival_time: float | None = None,
                     rate: float | None = None) -> str:
-        """Queue a stream; rate is the reader's declared consumption rate in tokens/s (None: the default)."""
+        """Queue a stream; rate is the reader's declared consumption rate in tokens/s (None: the default).
+        An arrival_time after now holds the stream, validated, until the clock reaches it."""
         sampling = sampling or SamplingParams()
         token_ids = self._prompt_ids(prompt)
         vocab = self.runner.info.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
         now = self.clock.now()
-        if arrival_time is not None and arrival_time > now:
-            raise ValueError(f"arrival_time: {arrival_time} is in the future (now is {now})")
         stream_id = stream_id or f"cmpl-{uuid.uuid4().hex[:16]}-{next(self._ids)}"
+        if stream_id in self._future:
+            raise ValueError(f"stream id {stream_id!r} is already live")
         stream = Stream(stream_id=stream_id, prompt_token_ids=tuple(token_ids), sampling=sampling,
                         arrival_time=now if arrival_time is None else arrival_time,
                         max_total_tokens=self.max_total_tokens, eos_token_ids=self.runner.info.eos_token_ids,
                         rate=self.config.default_rate if rate is None else rate)
-        self.scheduler.add(stream)
+        if arrival_time is not None and arrival_time > now:
+            self.scheduler.check_admissible(stream)
+            self._future[stream_id] = stream
+            heapq.heappush(self._arrivals, (arrival_time, next(self._ids), stream_id))
+        else:
+            self.scheduler.add(stream)
+            self.idle = False  # new work may be runnable now
         if self._decoders is not None:
             self._text[stream_id] = _TextState(self._decoders.new(), StopMatcher(sampling.stop))
         return stream_id
@@ -113,8 +141,14 @@ class LLMEngine:
         stream.reader.apply_report(self.clock.now(), consumed_tokens=consumed_tokens, rate=rate, paused=paused)
         if rate is not None:
             stream.rate = stream.reader.rate
+        self.idle = False  # a report may make a held stream runnable
 
     def abort(self, stream_id: str) -> bool:
+        held = self._future.pop(stream_id, None)
+        if held is not None:  # not arrived yet: it never entered the scheduler (its heap entry is skipped later)
+            self._text.pop(stream_id, None)
+            self._pending.append(StreamOutput(stream_id, (), "", True, "abort", held.num_prompt_tokens, 0))
+            return True
         stream = self.scheduler.finish(stream_id, StreamStatus.FINISHED_ABORTED, self.clock.now())
         if stream is None:
             return False
@@ -128,24 +162,62 @@ class LLMEngine:
         self._pending = [o for o in self._pending if stream_id is not None and o.stream_id != stream_id]
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._pending)
+        return self.scheduler.num_unfinished > 0 or bool(self._pending) or bool(self._future)
+
+    def next_arrival_time(self) -> float | None:
+        """When the earliest held (future) request arrives, or None."""
+        while self._arrivals and self._arrivals[0][2] not in self._future:
+            heapq.heappop(self._arrivals)  # aborted before it arrived
+        return self._arrivals[0][0] if self._arrivals else None
+
+    def next_event_time(self) -> float | None:
+        """When a step next has something to do: now when work is runnable (or outputs wait), the next arrival
+        when nothing is live, and when every live stream is held (paced) the sooner of the next arrival and one
+        estimated step from now (the policy re-decides each step; this is the cadence a real loop polls at).
+        None: nothing live and nothing to come."""
+        now = self.clock.now()
+        arrival = self.next_arrival_time()
+        if self._pending or (self.scheduler.num_unfinished and not self.idle):
+            return now if arrival is None else min(now, max(arrival, now))
+        if self.scheduler.num_unfinished:
+            poll = now + max(self.scheduler.cost.step_s, 1e-4)
+            return poll if arrival is None else min(poll, max(arrival, now))
+        return None if arrival is None else max(arrival, now)
+
+    def _admit_arrivals(self, now: float) -> None:
+        while (t := self.next_arrival_time()) is not None and t <= now:
+            _, _, sid = heapq.heappop(self._arrivals)
+            self.scheduler.add(self._future.pop(sid))
 
     def get_stream(self, stream_id: str) -> Stream | None:
-        return self.scheduler.streams.get(stream_id)
+        return self.scheduler.streams.get(stream_id) or self._future.get(stream_id)
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StreamOutput]:
+        begun = self.begin_step()
+        if begun.plan is None:
+            return begun.outputs
+        return self.finish_step(begun, self.runner.execute(begun.plan))
+
+    def begin_step(self) -> BegunStep:
+        """Admit arrivals due by now and plan a step. `plan` is None when there is nothing to run now (`idle`);
+        the outputs are then complete. Otherwise run the plan and pass its result to `finish_step`."""
         outputs, self._pending = self._pending, []
         start = self.clock.now()
+        self._admit_arrivals(start)
         plan = self.scheduler.schedule(start)
         self.idle = plan.is_empty and not plan.finished  # nothing to run now (e.g. every stream paced)
-        if self.idle:
-            return outputs
-        result = self.runner.execute(plan)
+        return BegunStep(None if self.idle else plan, start, outputs)
+
+    def finish_step(self, begun: BegunStep, result: StepResult, now: float | None = None) -> list[StreamOutput]:
+        """Apply a step's result at `now` (default: the clock's now, i.e. when the runner returned)."""
+        if begun.plan is None:
+            raise ValueError("finish_step: the step had no plan to run")
         self._totals["steps"] += 1
-        now = self.clock.now()
-        for stream, token in self.scheduler.update(plan, result, now, step_s=now - start):
-            outputs.append(self._output(stream, token))
+        now = self.clock.now() if now is None else now
+        outputs = begun.outputs
+        for stream, token in self.scheduler.update(begun.plan, result, now, step_s=now - begun.start):
+            outputs.append(self._output(stream, token, now))
             if stream.status.finished:
                 self._retire(stream)
         return outputs
@@ -157,13 +229,13 @@ class LLMEngine:
         self._totals["tokens_recomputed"] += stream.num_recomputed_tokens
         self._totals["streams_finished"] += 1
 
-    def _output(self, stream: Stream, token: int) -> StreamOutput:
+    def _output(self, stream: Stream, token: int, now: float) -> StreamOutput:
         text = ""
         state = self._text.get(stream.stream_id)
         if state is not None:
             text, stopped = state.stops.push(state.decoder.feed(token))
             if stopped and not stream.status.finished:
-                self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED, self.clock.now())
+                self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED, now)
             elif stream.status.finished and not stopped:
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
         finished = stream.status.finished

@@ -58,6 +58,12 @@ class Scheduler:
 
     # ---- stream lifecycle -------------------------------------------------------------------------------------
     def add(self, stream: Stream) -> None:
+        self.check_admissible(stream)
+        stream.status = StreamStatus.WAITING
+        self.streams[stream.stream_id] = stream
+
+    def check_admissible(self, stream: Stream) -> None:
+        """Raise ValueError if `add` would refuse the stream (the engine checks arrivals it holds for later)."""
         if stream.stream_id in self.streams:
             raise ValueError(f"stream id {stream.stream_id!r} is already live")
         if self.pool.blocks_for_tokens(stream.num_prompt_tokens + 1) > self.pool.num_blocks:
@@ -66,8 +72,6 @@ class Scheduler:
         if not self.config.chunked_prefill and stream.num_prompt_tokens > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt: {stream.num_prompt_tokens} tokens exceed max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens} and chunked prefill is off")
-        stream.status = StreamStatus.WAITING
-        self.streams[stream.stream_id] = stream
 
     def finish(self, stream_id: str, status: StreamStatus, now: float) -> Stream | None:
         """End a live stream (abort, stop string, ...) and return its blocks; unknown or finished ids are a no-op."""
