@@ -31,7 +31,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
                               register_grace_s=config.register_grace_s)
     adm = config.admission()
     llm = serve.deployment(LLMServer, name="LLMServer").options(
-        num_replicas=config.replicas,
+        **replica_count_options(config),
         # A replica takes every stream its working set can hold, not just a batch (admission.py; Serve's default
         # of 5 would cap even the batch, ray-notes §6.1): streams beyond the batch wait in the engine, where the
         # policy ranks them. Past the bounded queue the handle raises BackPressureError; the ingress answers 429.
@@ -65,6 +65,16 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     settings = IngressSettings(model=config.model, default_max_tokens=config.default_max_tokens,
                                max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
     return ingress.bind(llm, settings, *extra)
+
+
+def replica_count_options(config: ServeConfig) -> dict[str, Any]:
+    """A fixed `replicas`, or autoscaling on serving signals (serve/autoscaling_policy.py) from `replicas` within
+    [min, max]. A replica Serve picks for scale-down first serves its streams to the end (graceful shutdown, up to
+    drain_timeout_s): a scale-down never cuts a stream."""
+    if config.autoscaling is None:
+        return {"num_replicas": config.replicas}
+    return {"autoscaling_config": config.autoscaling.serve_autoscaling_config(initial_replicas=config.replicas),
+            "graceful_shutdown_timeout_s": config.autoscaling.drain_timeout_s}
 
 
 def request_router_config(config: ServeConfig) -> RequestRouterConfig:

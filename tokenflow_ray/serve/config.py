@@ -15,6 +15,7 @@ from typing import Any
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.policies import make_policy
 from tokenflow_ray.serve.admission import Admission, admission
+from tokenflow_ray.serve.autoscaling_policy import AutoscalingSettings
 from tokenflow_ray.serve.grouping import GroupingConfig
 
 
@@ -81,6 +82,10 @@ class ServeConfig:
     # publish their ReplicaStats to Serve every routing_stats_period_s under either router.
     router: str = "default"
     routing_stats_period_s: float = 0.5
+    # Autoscaling of the LLMServer replicas on serving signals (serve/autoscaling_policy.py): None keeps `replicas`
+    # fixed; a mapping (min_replicas, max_replicas, delays, metrics_interval_s, ... in YAML) becomes
+    # AutoscalingSettings, and `replicas` is the initial count within [min_replicas, max_replicas].
+    autoscaling: AutoscalingSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.policy:
@@ -91,6 +96,10 @@ class ServeConfig:
                  "app_name: letters, digits, '_' or '-'")
         _require(self.route_prefix.startswith("/"), "route_prefix: must start with '/'")
         _require(self.replicas >= 1, "replicas: must be >= 1")
+        if self.autoscaling is not None:
+            object.__setattr__(self, "autoscaling", AutoscalingSettings.from_value(self.autoscaling))
+            _require(self.autoscaling.min_replicas <= self.replicas <= self.autoscaling.max_replicas,
+                     "replicas: the initial count must be within [autoscaling.min_replicas, max_replicas]")
         make_policy(self.policy)  # raises "policy: unknown policy ..."
         _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
                  and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
@@ -108,9 +117,10 @@ class ServeConfig:
         # Every request the replicas could hold or queue must get through the ingress to the LLMServer router:
         # one held back in the ingress's own (unbounded) queue is neither scheduled nor ever answered 429.
         adm = self.admission()
-        reachable = self.replicas * adm.max_ongoing_requests + max(0, adm.max_queued_requests)
+        most = self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
+        reachable = most * adm.max_ongoing_requests + max(0, adm.max_queued_requests)
         _require(self.ingress_max_ongoing >= reachable,
-                 "ingress_max_ongoing: must be >= replicas x max_ongoing_requests + max_queued_requests")
+                 "ingress_max_ongoing: must be >= (max_)replicas x max_ongoing_requests + max_queued_requests")
         _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
         _require(self.max_body_bytes >= 1024, "max_body_bytes: must be >= 1024")
         _require(self.router in ROUTERS, f"router: must be one of {', '.join(ROUTERS)}, got {self.router!r}")

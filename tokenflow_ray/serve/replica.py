@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
+from tokenflow_ray.cluster.autoscaling import ReplicaLoad, count_buffer_critical
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
@@ -165,6 +166,20 @@ class LLMServer:
     async def record_routing_stats(self) -> dict:
         """Serve's hook (RequestRouterConfig.request_routing_stats_period_s): the cached ReplicaStats."""
         return self._routing_stats
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics (serve/autoscaling_policy.py), recorded every metrics_interval_s when
+        autoscaling is on: a fresh ReplicaStats plus the buffer-critical readers (T_critical of the tokenflow
+        policy), one engine-thread call; the ReplicaStats also refreshes the routing cache."""
+        def collect():
+            rs = replica_stats_from_engine(self.engine)
+            t_critical = self.engine.config.scheduler.tokenflow.t_critical
+            return rs, count_buffer_critical(self.engine, t_critical)
+
+        rs, critical = await self.aengine.call(collect)
+        self._cache_routing_stats(rs)
+        batch = self.engine.config.scheduler.max_num_seqs
+        return ReplicaLoad.from_replica_stats(rs, batch, critical).to_metrics()
 
     async def _stats_snapshot(self) -> dict:
         def collect():  # engine thread: engine state is only touched there
