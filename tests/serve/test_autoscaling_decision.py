@@ -19,7 +19,8 @@ from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
 
-RULES = ScalingRules(target_utilization=0.8, downscale_utilization=0.5, pressure_cooldown_s=5.0)
+RULES = ScalingRules(target_utilization=0.8, downscale_utilization=0.5, waiting_per_replica=0.0,
+                     critical_per_replica=0.0, pressure_cooldown_s=5.0)
 
 
 def load(demand=0.0, gamma=100.0, live=0, batch=64, waiting=0, critical=0) -> ReplicaLoad:

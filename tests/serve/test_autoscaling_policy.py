@@ -68,7 +68,7 @@ def test_a_replica_without_metrics_yet_and_a_starting_one_hold_the_fleet():
     target, state = policy(ctx({0: load(), 1: None}))
     assert (target, state[STATE_KEY]["reason"]) == (2, "hold")
     # A scale-up in flight (target 2, one running): holding means 2, not a scale-down to the running count.
-    target, state = policy(ctx({0: load(demand=10.0, waiting=2)}, target=2))
+    target, state = policy(ctx({0: load(demand=10.0, waiting=3)}, target=2))
     assert (target, state[STATE_KEY]["reason"]) == (2, "pending")
 
 

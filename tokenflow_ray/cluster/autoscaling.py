@@ -8,7 +8,9 @@ Serve time-averages it over its look-back window and hands the policy one value 
   predicts, kept at `target_utilization`; live streams against the engine batch likewise, for unpaced streams,
   whose declared rate is 0.
 - **Waiting streams**: streams that have not started (their TTFT is growing).
-- **Buffer-critical streams**: paced readers with less than T_critical seconds of buffer.
+- **Buffer-critical streams**: paced readers about to stall: under `CRITICAL_BUFFER_S` of buffer. Not the tokenflow
+  policy's T_critical (1 s): that policy holds buffers at min(10% of the length, T_critical) on purpose, so "under
+  T_critical" is its steady state, not a shortage.
 
 The rate and batch terms size the fleet proportionally. Waiting and critical streams are pressure that no rate
 explains (long prompts, a mispredicted Γ): they add one replica at a time, and only when every replica reports and
@@ -45,7 +47,7 @@ class ReplicaLoad:
     num_live: float  # streams on the replica: running, paused, waiting
     batch_capacity: float  # the engine's batch cap (max_num_seqs)
     num_waiting: float  # streams not started yet
-    num_critical: float  # paced readers with less than T_critical of buffer
+    num_critical: float  # paced readers under the critical buffer (CRITICAL_BUFFER_S by default)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -63,9 +65,10 @@ class ReplicaLoad:
 
 
 METRIC_NAMES = tuple(f.name for f in fields(ReplicaLoad))
+CRITICAL_BUFFER_S = 0.25  # a reader with less buffered is a few decode steps from a stall
 
 
-def count_buffer_critical(engine: Any, t_critical_s: float) -> int:
+def count_buffer_critical(engine: Any, t_critical_s: float = CRITICAL_BUFFER_S) -> int:
     """Engine thread only: live paced streams that started reading and hold under `t_critical_s` of buffer (a
     paused one counts: it is the one about to stall)."""
     now = engine.clock.now()
@@ -80,8 +83,10 @@ class ScalingRules:
 
     target_utilization: float = 0.8  # Σ rate kept at this share of Σ Γ (and live streams of the batch)
     downscale_utilization: float = 0.5  # the smaller fleet must carry the demand at this share to scale down
-    waiting_per_replica: float = 0.0  # mean waiting streams per replica above this is pressure
-    critical_per_replica: float = 0.0  # mean buffer-critical streams per replica above this is pressure
+    # Pressure: mean waiting / buffer-critical streams per replica above these (Serve averages the counts over its
+    # look-back window; a newcomer waits a step or two before its prefill, which is no shortage).
+    waiting_per_replica: float = 1.0
+    critical_per_replica: float = 0.5
     pressure_cooldown_s: float = 5.0  # after a scale-up, pressure waits this long before asking again
 
     def __post_init__(self) -> None:

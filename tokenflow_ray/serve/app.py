@@ -49,7 +49,9 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     ).bind(config.engine_config(),
            ReplicaSettings(central, grouping=config.grouping(),
                            torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
-                           routing_stats_interval_s=config.routing_stats_period_s))
+                           routing_stats_interval_s=config.routing_stats_period_s,
+                           **({} if config.autoscaling is None
+                              else {"critical_buffer_s": config.autoscaling.critical_buffer_s})))
     extra: list[Any] = []
     routers = list(routers)
     if config.images:

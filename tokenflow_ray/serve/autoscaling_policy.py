@@ -27,7 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tokenflow_ray.cluster.autoscaling import METRIC_NAMES, ReplicaLoad, ScaleDecision, ScalingRules, decide
+from tokenflow_ray.cluster.autoscaling import (
+    CRITICAL_BUFFER_S,
+    METRIC_NAMES,
+    ReplicaLoad,
+    ScaleDecision,
+    ScalingRules,
+    decide,
+)
 
 log = logging.getLogger("ray.serve")
 
@@ -57,9 +64,10 @@ class AutoscalingSettings:
     # ScalingRules (cluster/autoscaling.py).
     target_utilization: float = 0.8
     downscale_utilization: float = 0.5
-    waiting_per_replica: float = 0.0
-    critical_per_replica: float = 0.0
+    waiting_per_replica: float = 1.0
+    critical_per_replica: float = 0.5
     pressure_cooldown_s: float = 5.0
+    critical_buffer_s: float = CRITICAL_BUFFER_S  # replicas count readers under this much buffer as critical
 
     def __post_init__(self) -> None:
         if not (isinstance(self.min_replicas, int) and isinstance(self.max_replicas, int)
@@ -67,7 +75,7 @@ class AutoscalingSettings:
             raise ValueError(f"autoscaling: need integers 1 <= min_replicas <= max_replicas, got "
                              f"{self.min_replicas!r} and {self.max_replicas!r}")
         for name in ("upscale_delay_s", "downscale_delay_s", "metrics_interval_s", "look_back_period_s",
-                     "drain_timeout_s"):
+                     "drain_timeout_s", "critical_buffer_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"autoscaling.{name}: must be a finite number >= 0, got {v!r}")

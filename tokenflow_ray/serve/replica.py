@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
-from tokenflow_ray.cluster.autoscaling import ReplicaLoad, count_buffer_critical
+from tokenflow_ray.cluster.autoscaling import CRITICAL_BUFFER_S, ReplicaLoad, count_buffer_critical
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
@@ -38,6 +38,7 @@ class ReplicaSettings:
     # served from cache, so Serve's poll never waits behind a busy engine (keep it <= the routing stats period).
     routing_stats_interval_s: float = 0.5
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
+    critical_buffer_s: float = CRITICAL_BUFFER_S  # record_autoscaling_stats: readers under this are critical
 
 
 class LLMServer:
@@ -169,12 +170,11 @@ class LLMServer:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics (serve/autoscaling_policy.py), recorded every metrics_interval_s when
-        autoscaling is on: a fresh ReplicaStats plus the buffer-critical readers (T_critical of the tokenflow
-        policy), one engine-thread call; the ReplicaStats also refreshes the routing cache."""
+        autoscaling is on: a fresh ReplicaStats plus the buffer-critical readers, one engine-thread call; the
+        ReplicaStats also refreshes the routing cache."""
         def collect():
             rs = replica_stats_from_engine(self.engine)
-            t_critical = self.engine.config.scheduler.tokenflow.t_critical
-            return rs, count_buffer_critical(self.engine, t_critical)
+            return rs, count_buffer_critical(self.engine, self.settings.critical_buffer_s)
 
         rs, critical = await self.aengine.call(collect)
         self._cache_routing_stats(rs)
