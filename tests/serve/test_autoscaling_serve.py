@@ -1,0 +1,153 @@
+"""Autoscaling on serving signals, end to end: load raises the LLMServer replicas above the minimum, idleness brings
+them back, and the replica Serve stops drains its live streams first: none is cut.
+
+Real Serve and HTTP, the embedded model, the tokenflow policy. A closed loop of unpaced streams fills the batch of
+the one replica (batch occupancy and waiting streams: the policy asks for more); once the second replica runs the
+loop stops and a few long streams start, which Serve's router sends to the idle new replica. The backlog drains, the
+fleet's demand fits one replica, and Serve stops the newest one while its long streams are still generating. A probe
+stream afterwards names the survivor. The timeline (replica states from serve.status(), stream -> replica from the
+central actor) is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tokenflow_ray.client.stream import PacedStreamClient, StreamSpec
+
+APP = "tfscale"
+BURST_WORKERS = 16
+# Long enough to outlive the backlog, the look-back and the downscale delay: still generating when Serve stops
+# their replica.
+SLOW = [StreamSpec(f"Long stream {i}: a long story about the sea.", max_tokens=1800) for i in range(3)]
+PROBE = StreamSpec("Probe: which replica is left?", max_tokens=150)
+
+
+def _config():
+    from tokenflow_ray.serve.config import ServeConfig
+
+    return ServeConfig(
+        app_name=APP, policy="tokenflow", max_num_seqs=8, num_device_blocks=640, num_host_blocks=256,
+        num_cpus=0.5, images=False,
+        autoscaling={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.5, "downscale_delay_s": 2.0,
+                     "metrics_interval_s": 0.25, "look_back_period_s": 1.0, "pressure_cooldown_s": 2.0,
+                     "drain_timeout_s": 60.0})
+
+
+class Timeline(threading.Thread):
+    """Samples replica states and the stream -> replica view every 0.2 s."""
+
+    def __init__(self, central) -> None:
+        super().__init__(daemon=True)
+        self.central = central
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        import ray
+        from ray import serve
+
+        while not self.stop.is_set():
+            try:
+                dep = serve.status().applications[APP].deployments["LLMServer"]
+                states = {str(getattr(k, "value", k)): v for k, v in dep.replica_states.items()}
+                view = ray.get(self.central.view.remote(), timeout=5)
+            except Exception as exc:  # noqa: BLE001 - a sample lost is only a gap in the record
+                states, view = {"error": str(exc)}, {}
+            self.samples.append({"t": round(time.monotonic() - self.t0, 2), "states": states,
+                                 "streams": {sid: v["replica_id"] for sid, v in view.items()}})
+            time.sleep(0.2)
+
+    def running(self) -> int:
+        return self.samples[-1]["states"].get("RUNNING", 0) if self.samples else 0
+
+
+async def _scenario(base_url: str, timeline: Timeline) -> dict:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120)) as http:
+        client = PacedStreamClient(http, base_url, report_interval_s=0.5)
+        await client.run(StreamSpec("warm up", max_tokens=2))
+        stop = asyncio.Event()
+        burst: list = []
+
+        async def worker(i: int) -> None:
+            while not stop.is_set():
+                burst.append(await client.run(StreamSpec(f"Burst {i}: tell me about rivers.", max_tokens=32)))
+
+        workers = [asyncio.create_task(worker(i)) for i in range(BURST_WORKERS)]
+        t_load = time.monotonic() - timeline.t0
+        while timeline.running() < 2 and time.monotonic() - timeline.t0 < 60:
+            await asyncio.sleep(0.1)
+        t_up = time.monotonic() - timeline.t0
+        stop.set()
+        ended: dict[int, float] = {}
+
+        async def slow(i: int):
+            res = await client.run(SLOW[i])
+            ended[i] = time.monotonic() - timeline.t0
+            return res
+
+        slow_tasks = [asyncio.create_task(slow(i)) for i in range(len(SLOW))]
+        await asyncio.gather(*workers)
+        t_burst_done = time.monotonic() - timeline.t0
+        slow_results = await asyncio.gather(*slow_tasks)
+        while timeline.running() != 1 or any(k != "RUNNING" for k in timeline.samples[-1]["states"]):
+            if time.monotonic() - timeline.t0 > 110:
+                break
+            await asyncio.sleep(0.2)
+        probe = await client.run(PROBE)
+        return {"burst": burst, "slow": slow_results, "slow_ended": ended, "probe": probe, "t_load": t_load,
+                "t_up": t_up, "t_burst_done": t_burst_done}
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+def test_load_scales_up_idleness_scales_down_and_no_stream_is_cut(serve_url):
+    from tokenflow_ray.serve.app import deploy, undeploy
+    from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
+
+    config = _config()
+    timeline = None
+    try:
+        deploy(config)
+        timeline = Timeline(get_central(CentralSettings(central_name(APP), config.central_namespace)))
+        timeline.start()
+        out = asyncio.run(_scenario(serve_url, timeline))
+    finally:
+        if timeline is not None:
+            timeline.stop.set()
+            timeline.join(timeout=10)
+        undeploy(config)
+    samples = timeline.samples
+    running = [s["states"].get("RUNNING", 0) for s in samples]
+    # Compact record for the report: replica states whenever they change.
+    changes = [s for i, s in enumerate(samples) if i == 0 or s["states"] != samples[i - 1]["states"]]
+    print(json.dumps({"t_load": out["t_load"], "t_up": out["t_up"], "t_burst_done": out["t_burst_done"],
+                      "slow_ended": out["slow_ended"], "burst_streams": len(out["burst"]),
+                      "states": [(s["t"], s["states"]) for s in changes]}))
+
+    # Load raised the replicas above the minimum, idleness brought them back.
+    assert max(running) == 2, changes
+    assert samples[-1]["states"] == {"RUNNING": 1}, changes
+    # No stream cut or refused: every burst and slow stream ran to its full length.
+    for res in out["burst"] + out["slow"] + [out["probe"]]:
+        assert res.complete and not res.rejected, (res.error, res.finish_reason)
+        assert res.finish_reason == "length" and res.num_tokens == res.spec.max_tokens
+    # The stopped replica held slow readers while Serve was stopping it: the drain served them to the end.
+    seen = {rid for s in samples for rid in s["streams"].values()}
+    survivors = {s["streams"][out["probe"].stream_id] for s in samples if out["probe"].stream_id in s["streams"]}
+    assert len(survivors) == 1 and len(seen) == 2, (survivors, seen)
+    (victim,) = seen - survivors
+    slow_ids = {res.stream_id: i for i, res in enumerate(out["slow"])}
+    on_victim = {slow_ids[sid] for s in samples for sid, rid in s["streams"].items()
+                 if rid == victim and sid in slow_ids}
+    assert on_victim, "no long stream landed on the replica that was stopped: nothing was drained"
+    t_stopping = min(s["t"] for s in samples if s["states"].get("STOPPING", 0) > 0)
+    assert max(out["slow_ended"][i] for i in on_victim) > t_stopping, (t_stopping, out["slow_ended"])
