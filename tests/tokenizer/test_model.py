@@ -1,10 +1,10 @@
 import dataclasses
-import warnings
 
 import pytest
 import torch
 
 from tokenflow_ray.tokenizer.config import LossConfig, QuantizerConfig, TokenizerConfig, preset
+from tokenflow_ray.tokenizer.criterion import TokenizerLoss
 from tokenflow_ray.tokenizer.discriminator import PatchDiscriminator
 from tokenflow_ray.tokenizer.losses import discriminator_loss
 from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
@@ -13,9 +13,12 @@ from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="LPIPS skipped")
-        return DualCodebookTokenizer(preset("tiny"))
+    return DualCodebookTokenizer(preset("tiny"))
+
+
+@pytest.fixture(scope="module")
+def crit(tiny):
+    return TokenizerLoss.for_model(tiny)
 
 
 def _imgs(n=2, side=16):
@@ -26,24 +29,24 @@ def _grad_norm(module):
     return sum(p.grad.abs().sum().item() for p in module.parameters() if p.grad is not None)
 
 
-def test_straight_through_gradients_reach_both_encoders(tiny):
+def test_straight_through_gradients_reach_both_encoders(tiny, crit):
     tiny.zero_grad()
-    out = tiny(_imgs())
+    out = crit(tiny, _imgs())
     out.mse_loss.backward(retain_graph=True)  # pixel loss alone: must pass the quantiser to the pixel encoder
     assert _grad_norm(tiny.pix_encoder) > 0
     assert _grad_norm(tiny.sem_encoder) == 0
     tiny.zero_grad()
     out.sem_loss.backward()  # semantic loss alone: must pass the quantiser to the semantic tower and head
     assert _grad_norm(tiny.sem_encoder.tower) > 0 and _grad_norm(tiny.sem_encoder.head) > 0
-    assert all(p.grad is None for p in tiny.teacher.parameters())  # the teacher stays frozen
+    assert all(p.grad is None for p in crit.teacher.parameters())  # the teacher stays frozen
     tiny.zero_grad()
 
 
-def test_forward_total_is_the_weighted_sum(tiny):
-    out = tiny(_imgs())
+def test_forward_total_is_the_weighted_sum(tiny, crit):
+    out = crit(tiny, _imgs())
     lc = tiny.config.loss
     expected = lc.sem_weight * out.sem_loss + lc.vq_weight * out.vq_loss + lc.mse_weight * out.mse_loss
-    assert torch.allclose(out.loss, expected)  # no LPIPS weights locally, no discriminator given
+    assert torch.allclose(out.loss, expected)  # tiny has LPIPS off; no discriminator given
     assert 0 < out.usage <= 1
 
 
@@ -65,10 +68,16 @@ def test_encode_is_deterministic_and_leaves_train_mode(tiny):
     assert tiny.training
 
 
-def test_save_load_round_trip_is_exact(tiny, tmp_path):
-    tiny(_imgs())  # populate the usage window so buffers are non-trivial
+def test_save_load_round_trip_is_exact(tiny, crit, tmp_path):
+    crit(tiny, _imgs())  # populate the usage window so buffers are non-trivial
     tiny.save_pretrained(tmp_path)
     loaded = DualCodebookTokenizer.from_pretrained(tmp_path)
+    # The tokenizer only: the teacher and the perceptual network live in the loss module.
+    assert not [k for k in tiny.state_dict() if k.startswith(("teacher", "lpips")) or ".teacher." in k]
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(tiny.state_dict())
     assert loaded.config == tiny.config
     sd_a, sd_b = tiny.state_dict(), loaded.state_dict()
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
@@ -121,9 +130,10 @@ def test_gan_term_starts_at_its_step_and_discriminator_has_its_own_loss():
     cfg = preset("tiny")
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, gan_start_step=10))
     m, disc = DualCodebookTokenizer(cfg), PatchDiscriminator(ndf=8, n_layers=2)
+    c = TokenizerLoss.for_model(m)
     x = _imgs()
-    assert m(x, step=9, discriminator=disc).gan_loss.item() == 0
-    out = m(x, step=10, discriminator=disc)
+    assert c(m, x, step=9, discriminator=disc).gan_loss.item() == 0
+    out = c(m, x, step=10, discriminator=disc)
     assert out.gan_loss.item() != 0
     d = discriminator_loss(disc, x, out.recon_BCHW)
     d.loss.backward()
@@ -160,3 +170,26 @@ def test_config_dict_round_trip_and_unknown_keys():
     assert TokenizerConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown"):
         TokenizerConfig.from_dict({"bogus": 1})
+
+
+def test_tower_geometry_mismatch_is_refused(tiny, tmp_path):
+    import json
+
+    tiny.save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    meta["semantic_tower"]["patch_size"] = 8
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="patch_size 8 but the config says semantic.patch_size 4"):
+        DualCodebookTokenizer.from_pretrained(tmp_path)
+
+
+def test_pretrained_tower_geometry_is_checked(tmp_path):
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    sem = preset("tiny").semantic
+    CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                   intermediate_size=64, image_size=32, patch_size=4,
+                                                   projection_dim=sem.feature_dim)).save_pretrained(tmp_path)
+    cfg = preset("tiny", semantic=dataclasses.replace(sem, pretrained_path=str(tmp_path)))
+    with pytest.raises(ValueError, match="image_size 32, the config semantic.image_size 16"):
+        DualCodebookTokenizer(cfg)

@@ -29,7 +29,7 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp())
         corrupt = write_image_folder(tmp / "imgs", n_good=60)
         cfg = TrainConfig().replace(
-            data={"source": "images", "path": str(tmp / "imgs"), "image_size": 16, "batch_size": 8},
+            data={"source": "images", "path": str(tmp / "imgs"), "batch_size": 8},
             optim={"lr": 1e-3, "ema_decay": 0.9},
             schedule={"steps": 8, "log_every": 4, "checkpoint_every": 8},
             # SPREAD: one worker per raylet. Both raylets share this machine's disk, standing in for shared storage.

@@ -116,8 +116,8 @@ class LossConfig:
     vq_weight: float = 1.0  # VQ + beta * commitment, averaged over scales
     mse_weight: float = 1.0
     l1_weight: float = 0.0
-    lpips_weight: float = 1.0  # used only when lpips_path holds local weights; otherwise skipped with a warning
-    lpips_path: str | None = None  # local torch file of an LPIPS-compatible module (never downloaded)
+    lpips_weight: float = 1.0  # > 0 needs lpips_path (training checks it on the driver before Ray starts)
+    lpips_path: str | None = None  # local state dict of the LPIPS VGG reference network (perceptual.py; never downloaded)
     gan_weight: float = 0.5  # lambda_G, hinge PatchGAN
     gan_start_step: int = 20000  # generator GAN term and discriminator updates start here
     disc_ndf: int = 64
@@ -166,6 +166,18 @@ class TokenizerConfig:
         return dataclasses.asdict(self)
 
     @classmethod
+    def from_overrides(cls, data: dict | None, default_preset: str = "tiny", where: str = "model") -> TokenizerConfig:
+        """`{preset: NAME, <any field or sub-config field>: value, ...}`: the preset's tree with the given leaves
+        replaced (sub-configs merged key by key), validated once. A key that names no field is a one-line error
+        naming its dotted path (`where` is the prefix, e.g. "model")."""
+        data = dict(data or {})
+        name = data.pop("preset", default_preset)
+        if name not in PRESETS:
+            raise ValueError(f"{where}.preset: unknown preset {name!r}; choose from {sorted(PRESETS)}")
+        merged = merge_tree(PRESETS[name]().to_dict(), data, where)
+        return cls.from_dict(merged)
+
+    @classmethod
     def from_dict(cls, data: dict) -> TokenizerConfig:
         subs = {"semantic": SemanticConfig, "pixel": PixelConfig, "quantizer": QuantizerConfig,
                 "sem_decoder": SemDecoderConfig, "loss": LossConfig}
@@ -181,6 +193,27 @@ class TokenizerConfig:
             else:
                 kwargs[key] = value
         return cls(**kwargs)
+
+
+def merge_tree(base: dict, override: dict, where: str) -> dict:
+    """`base` with `override`'s leaves replaced, recursively; an override key absent from `base` is an error."""
+    if not isinstance(override, dict):
+        raise ValueError(f"{where} must be a mapping, got {override!r}")
+    out = dict(base)
+    for key, value in override.items():
+        if key not in base:
+            raise ValueError(f"unknown key {where}.{key}; expected one of {sorted(base)}")
+        out[key] = merge_tree(base[key], value, f"{where}.{key}") if isinstance(base[key], dict) else value
+    return out
+
+
+def leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf of a to_dict() tree: the knobs a YAML or `--set` can reach."""
+    out = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        out += leaf_paths(value, path + ".") if isinstance(value, dict) else [path]
+    return out
 
 
 def _build(cls: type, data: dict):
@@ -200,7 +233,8 @@ def _tiny() -> TokenizerConfig:
                           code_dim=8),
         quantizer=QuantizerConfig(codebook_size=64, search_chunk=16, query_chunk=32, usage_window=256),
         sem_decoder=SemDecoderConfig(width=32, depth=1, num_heads=2),
-        loss=LossConfig(disc_ndf=8, disc_layers=2, gan_start_step=0),
+        # LPIPS off: a VGG16 pass would cost 50x the tiny model's step; YAML turns it on with lpips_path.
+        loss=LossConfig(lpips_weight=0.0, disc_ndf=8, disc_layers=2, gan_start_step=0),
         scales=(1, 2, 4),
     )
 

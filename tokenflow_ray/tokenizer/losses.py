@@ -1,4 +1,5 @@
-"""Loss terms as pure functions returning named results; nothing here logs or keeps state (paper §2).
+"""Loss terms as pure functions returning named results; nothing here logs or keeps state (paper §2). The module
+that combines them with the teacher and LPIPS is criterion.py.
 
   L = sem_weight * L_sem + vq_weight * L_VQ + mse * ||x - x^||^2 + l1 * |x - x^| + lpips * LPIPS + lambda_G * L_G
 L_sem: 1 - cos between the semantic decoder's output and the frozen teacher's features, per grid position.
@@ -8,7 +9,6 @@ L_G: hinge generator term -E[D(x^)], active from gan_start_step; the discriminat
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -57,18 +57,3 @@ def discriminator_loss(disc: nn.Module, real_BCHW: torch.Tensor, fake_BCHW: torc
     loss = 0.5 * (F.relu(1 - logits_real).mean() + F.relu(1 + logits_fake).mean())
     return DiscriminatorLosses(loss=loss, logits_real=logits_real.mean().detach(),
                                logits_fake=logits_fake.mean().detach())
-
-
-def load_lpips(cfg: LossConfig) -> nn.Module | None:
-    """A TorchScript LPIPS module from a local file, or None with a warning (weights are never downloaded)."""
-    if cfg.lpips_weight == 0:
-        return None
-    if cfg.lpips_path is None:
-        warnings.warn("LPIPS skipped: no local weights (LossConfig.lpips_path is None)", stacklevel=2)
-        return None
-    try:
-        module = torch.jit.load(cfg.lpips_path, map_location="cpu")
-    except (OSError, RuntimeError, ValueError) as exc:
-        warnings.warn(f"LPIPS skipped: cannot load {cfg.lpips_path!r} ({exc})", stacklevel=2)
-        return None
-    return module.eval().requires_grad_(False)

@@ -5,7 +5,9 @@ Converter-style API (images in [-1, 1], B x 3 x H x W, square, side a multiple o
   decode(idx_per_scale)         -> img_BCHW
   indices_to_codes(idx)         -> f_hat_BChw, the 40-d sum over scales at the final grid (the LLM's input)
   indices_to_semantic(idx)      -> teacher-space features from the semantic decoder
-  forward(img_BCHW, step, disc) -> TokenizerOutput: reconstruction, every loss term, total loss, usage
+  forward(img_BCHW)             -> ModelForward: reconstruction, semantic prediction, the quantiser's result
+The model holds the tokenizer only. What exists only for training (the frozen teacher and the LPIPS network) lives
+in the loss module (criterion.py `TokenizerLoss`), so neither is in a checkpoint or a safetensors export.
 Save/load: save_pretrained(dir) / from_pretrained(dir) write and read config.json + model.safetensors.
 """
 
@@ -19,12 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import losses as L
 from .config import TokenizerConfig
 from .decoders import SemanticDecoder
-from .multiscale import MultiScaleQuantizer
+from .multiscale import MultiScaleQuantizer, MultiScaleResult
 from .pixel import PixelDecoder, PixelEncoder
-from .semantic import FrozenTeacher, SemanticEncoder, build_tower
+from .semantic import SemanticEncoder, build_tower
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
@@ -37,20 +38,11 @@ class EncodeResult:
 
 
 @dataclass(frozen=True)
-class TokenizerOutput:
+class ModelForward:
     recon_BCHW: torch.Tensor
-    loss: torch.Tensor  # weighted total for the generator step (the discriminator has its own loss)
-    sem_loss: torch.Tensor
-    vq_loss: torch.Tensor
-    codebook_loss: torch.Tensor
-    commit_loss: torch.Tensor
-    mse_loss: torch.Tensor
-    l1_loss: torch.Tensor
-    lpips_loss: torch.Tensor
-    gan_loss: torch.Tensor  # generator hinge term (0 before gan_start_step or without a discriminator)
-    usage: float  # unique indices in the rolling window / K
-    idx_per_scale: tuple[torch.Tensor, ...]
-    f_hat_BCHW: torch.Tensor
+    sem_pred_BFhw: torch.Tensor | None  # semantic decoder output (teacher space); None when not asked for
+    quant: MultiScaleResult
+    sem_input_BCHW: torch.Tensor  # the image at the semantic branch's side (what the teacher must see)
 
 
 class DualCodebookTokenizer(nn.Module):
@@ -60,13 +52,11 @@ class DualCodebookTokenizer(nn.Module):
         self.config = config
         tower = semantic_tower if semantic_tower is not None else build_tower(config.semantic, _hf_tower_config)
         self.sem_encoder = SemanticEncoder(config.semantic, tower)
-        self.teacher = FrozenTeacher(tower)
         self.pix_encoder = PixelEncoder(config.pixel)
         self.pix_decoder = PixelDecoder(config.pixel)
         self.quantizer = MultiScaleQuantizer(config.quantizer, config.scales, config.scale_drop_prob)
         self.sem_decoder = SemanticDecoder(config.sem_decoder, config.semantic.code_dim, tower.feature_dim,
                                            config.grid)
-        self.lpips = L.load_lpips(config.loss)
 
     # ---- input checks and branch geometry ----
     def _grid_for(self, img_BCHW: torch.Tensor) -> int:
@@ -136,29 +126,17 @@ class DualCodebookTokenizer(nn.Module):
         return self.codes_to_semantic(self.indices_to_codes(idx_per_scale))
 
     # ---- training path ----
-    def forward(self, img_BCHW: torch.Tensor, step: int = 0, discriminator: nn.Module | None = None,
-                generator: torch.Generator | None = None) -> TokenizerOutput:
-        c, lc = self.config, self.config.loss
+    def forward(self, img_BCHW: torch.Tensor, generator: torch.Generator | None = None,
+                with_semantic: bool = True) -> ModelForward:
+        """One training pass: losses are the loss module's job (criterion.py), which calls this."""
         grid = self._grid_for(img_BCHW)
-        q = self.quantizer(*self._branch_codes(img_BCHW, grid), generator=generator)
-        recon = self.codes_to_img(q.f_hat_BCHW)
-        zero = recon.new_zeros(())
-        if lc.sem_weight > 0:
-            target = self.teacher(self._resize(img_BCHW, grid * c.semantic.patch_size))
-            sem_loss = L.semantic_cosine_loss(self.codes_to_semantic(q.f_hat_BCHW), target)
-        else:
-            sem_loss = zero  # why: arms without a semantic objective skip the teacher pass entirely
-        rec = L.reconstruction_losses(recon, img_BCHW, self.lpips)
-        gan = zero
-        if discriminator is not None and L.gan_active(lc, step):
-            gan = L.generator_adv_loss(discriminator(recon))
-        total = (lc.sem_weight * sem_loss + lc.vq_weight * q.vq_loss + lc.mse_weight * rec.mse
-                 + lc.l1_weight * rec.l1 + lc.lpips_weight * rec.lpips + lc.gan_weight * gan)
-        return TokenizerOutput(recon_BCHW=recon, loss=total, sem_loss=sem_loss, vq_loss=q.vq_loss,
-                               codebook_loss=q.codebook_loss, commit_loss=q.commit_loss, mse_loss=rec.mse,
-                               l1_loss=rec.l1, lpips_loss=rec.lpips, gan_loss=gan,
-                               usage=self.quantizer.codebook.usage(), idx_per_scale=q.idx_per_scale,
-                               f_hat_BCHW=q.f_hat_BCHW)
+        sem_in = self._resize(img_BCHW, grid * self.config.semantic.patch_size)
+        z_sem = self.sem_encoder(sem_in)
+        z_pix = self.pix_encoder(self._resize(img_BCHW, grid * self.config.pixel.downsample))
+        q = self.quantizer(z_sem, z_pix, generator=generator)
+        sem_pred = self.codes_to_semantic(q.f_hat_BCHW) if with_semantic else None
+        return ModelForward(recon_BCHW=self.codes_to_img(q.f_hat_BCHW), sem_pred_BFhw=sem_pred, quant=q,
+                            sem_input_BCHW=sem_in)
 
     @torch.no_grad()
     def restart_dead_codes(self, img_BCHW: torch.Tensor, generator: torch.Generator | None = None) -> int:
@@ -185,6 +163,20 @@ class DualCodebookTokenizer(nn.Module):
         if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
             raise FileNotFoundError(f"{path} must contain {CONFIG_NAME} and {WEIGHTS_NAME}")
         meta = json.loads((path / CONFIG_NAME).read_text())
-        model = cls(TokenizerConfig.from_dict(meta["tokenizer"]), _hf_tower_config=meta.get("semantic_tower"))
+        config = TokenizerConfig.from_dict(meta["tokenizer"])
+        check_tower_geometry(config, meta.get("semantic_tower"), str(path))
+        model = cls(config, _hf_tower_config=meta.get("semantic_tower"))
         load_model(model, str(path / WEIGHTS_NAME), strict=True)
         return model
+
+
+def check_tower_geometry(config: TokenizerConfig, hf_config: dict | None, where: str) -> None:
+    """A tower whose patch or image size differs from the config would give another token grid than the config's
+    scales (or silently interpolate position embeddings): refuse it with the two values."""
+    if not hf_config:
+        return
+    sem = config.semantic
+    for key in ("patch_size", "image_size"):
+        if key in hf_config and int(hf_config[key]) != getattr(sem, key):
+            raise ValueError(f"{where}: the semantic tower has {key} {hf_config[key]} but the config says "
+                             f"semantic.{key} {getattr(sem, key)}")

@@ -2,7 +2,8 @@
 teacher copy, and the Linear-Tanh-Linear projection to the semantic code (BEiT-v2 VQ-KD design, paper §1).
 
 Towers map an image already resized to grid * patch_size to two things on the token grid:
-  * `tokens_BDhw`: what the trainable encoder projects to the semantic code (last hidden state, patch tokens only);
+  * `tokens_BDhw`: what the trainable encoder projects to the semantic code (patch tokens only; the last hidden
+    state, or with `use_penultimate` the penultimate one, as the official SigLIP encoder reads it);
   * `target_BFhw`: what the frozen teacher supplies to the cosine loss (CLIP: ln_post(patch) @ proj, SigLIP-XL: the
     penultimate hidden state, CNN: the final feature map).
 Weights load only from a local directory (`local_files_only=True`): nothing is downloaded at runtime.
@@ -47,6 +48,11 @@ class HFTower(nn.Module):
             self.model = model_cls(config_cls(**hf_config))
         elif cfg.pretrained_path is not None:
             self.model = model_cls.from_pretrained(cfg.pretrained_path, local_files_only=True)
+            for key in ("patch_size", "image_size"):  # another geometry would change the token grid
+                if getattr(self.model.config, key) != getattr(cfg, key):
+                    raise ValueError(f"semantic.pretrained_path {cfg.pretrained_path}: the checkpoint has {key} "
+                                     f"{getattr(self.model.config, key)}, the config semantic.{key} "
+                                     f"{getattr(cfg, key)}")
         else:
             extra = {"projection_dim": cfg.feature_dim} if cfg.kind == "clip" else {}
             self.model = model_cls(config_cls(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
@@ -78,7 +84,9 @@ class HFTower(nn.Module):
         return h_BLD[:, 1:] if self.kind == "clip" else h_BLD  # CLIP prepends a CLS token; SigLIP has none
 
     def tokens(self, img_BCHW: torch.Tensor) -> torch.Tensor:
-        return _tokens_to_map(self._patches(self._run(img_BCHW, False).last_hidden_state))
+        out = self._run(img_BCHW, self.use_penultimate)
+        h_BLD = out.hidden_states[-2] if self.use_penultimate else out.last_hidden_state
+        return _tokens_to_map(self._patches(h_BLD))
 
     def target(self, img_BCHW: torch.Tensor) -> torch.Tensor:
         out = self._run(img_BCHW, self.use_penultimate)

@@ -1,6 +1,7 @@
 """`tokenflow tokenizer train|evaluate|export`: Ray Data + Ray Train training from a YAML config, evaluation of a
 checkpoint (PSNR/SSIM + a PNG grid), export to the save_pretrained format.
 
+`--set a.b.c=VALUE` reaches every config leaf (model knobs included) on top of the YAML.
 `register(subparsers)` is called by the tokenizer group's cli; `main(argv)` runs the same commands standalone
 (jobs/*.py use it). Handlers import torch and ray lazily; a bad config is a ValueError (one line, exit 2) raised
 before Ray starts.
@@ -17,7 +18,8 @@ from pathlib import Path
 def _train(args) -> int:
     from .training.config import config_with_overrides, load_config
 
-    cfg = config_with_overrides(load_config(args.config), workers=args.workers, storage=args.storage, name=args.name)
+    cfg = config_with_overrides(load_config(args.config, args.set), workers=args.workers, storage=args.storage,
+                                name=args.name)
     from .training.trainer import run_training  # heavy imports only once the config is known to be good
 
     run = run_training(cfg, show_progress=not args.no_progress)
@@ -32,7 +34,8 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from .training.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.checkpoint, args.out, num_images=args.num_images, use_ema=not args.no_ema)
+    result = evaluate_checkpoint(args.checkpoint, args.out, num_images=args.num_images, use_ema=not args.no_ema,
+                                 fid_features=args.fid_features)
     print(json.dumps(result.to_dict()))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
@@ -52,14 +55,18 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, help="override scaling.num_workers")
     p.add_argument("--storage", help="override run.storage_path (shared storage on a multi-node cluster)")
     p.add_argument("--name", help="override run.name; rerunning the same name + storage resumes the run")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
+                   help="override any config leaf, e.g. model.quantizer.codebook_size=1024 (repeatable; YAML values)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", help="write the final report here")
     p.set_defaults(handler=_train)
 
-    e = subparsers.add_parser("evaluate", help="PSNR/SSIM and a PNG sample grid for a training checkpoint")
+    e = subparsers.add_parser("evaluate", help="PSNR/SSIM/rFID on the held-out split and a PNG sample grid")
     e.add_argument("--checkpoint", required=True, help="checkpoint folder, or a run folder (its latest checkpoint)")
     e.add_argument("--out", required=True, help="folder for metrics.json and samples.png")
-    e.add_argument("--num-images", type=int, default=256)
+    e.add_argument("--num-images", type=int, help="held-out images to score (default: the run's eval.num_images)")
+    e.add_argument("--fid-features", help="local transformers vision model directory for rFID (default: the run's "
+                                          "eval.fid_features; none: rFID is null)")
     e.add_argument("--no-ema", action="store_true", help="evaluate the raw weights instead of the EMA copy")
     e.add_argument("--json", help="also write the metrics here")
     e.set_defaults(handler=_evaluate)

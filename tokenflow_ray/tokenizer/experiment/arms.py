@@ -28,6 +28,7 @@ from ..config import (
     SemDecoderConfig,
     TokenizerConfig,
 )
+from ..criterion import TokenizerLoss
 from ..model import DualCodebookTokenizer
 from . import metrics as M
 from .data import DigitData
@@ -72,13 +73,14 @@ def train_arm(cfg: TokenizerConfig, tower: torch.nn.Module, data: DigitData, set
               seed: int) -> DualCodebookTokenizer:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    # The semantic encoder starts from the teacher (a copy: the teacher itself stays frozen inside the model).
+    # The semantic encoder starts from the teacher (a copy: the teacher itself stays frozen in the loss module).
     model = DualCodebookTokenizer(cfg, semantic_tower=copy.deepcopy(tower).train())
+    criterion = TokenizerLoss(cfg, tower, None)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=settings.lr, betas=(0.9, 0.95))
     images = data.a.images_NCHW
     for step in range(settings.steps):
         batch = images[torch.randint(0, len(images), (settings.batch,), generator=gen)]
-        out = model(batch, step=step)
+        out = criterion(model, batch, step=step)
         opt.zero_grad()
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

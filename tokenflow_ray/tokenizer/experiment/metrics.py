@@ -8,28 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from .. import image_metrics
 
 
 def psnr_per_image(recon_NCHW: torch.Tensor, target_NCHW: torch.Tensor) -> torch.Tensor:
-    """PSNR in dB on [0, 1] pixels (inputs are [-1, 1])."""
-    mse = (((recon_NCHW.clamp(-1, 1) - target_NCHW) / 2) ** 2).flatten(1).mean(1)
-    return 10 * torch.log10(1.0 / mse.clamp_min(1e-10))
+    """PSNR in dB on [0, 1] pixels (inputs are [-1, 1]); the shared definition (tokenizer/image_metrics.py)."""
+    return image_metrics.psnr(recon_NCHW, target_NCHW)
 
 
-def ssim_per_image(recon_NCHW: torch.Tensor, target_NCHW: torch.Tensor, window: int = 7) -> torch.Tensor:
-    """SSIM (Wang et al. 2004) with a Gaussian window (sigma 1.5), per channel, averaged; on [0, 1] pixels."""
-    x, y = (recon_NCHW.clamp(-1, 1) + 1) / 2, (target_NCHW + 1) / 2
-    coords = torch.arange(window, dtype=x.dtype) - window // 2
-    g = torch.exp(-(coords ** 2) / (2 * 1.5 ** 2))
-    g = (g / g.sum())
-    kernel = (g[:, None] * g[None, :]).expand(3, 1, window, window)
-    blur = lambda t: F.conv2d(t, kernel, padding=window // 2, groups=3)  # noqa: E731
-    mu_x, mu_y = blur(x), blur(y)
-    var_x, var_y, cov = blur(x * x) - mu_x ** 2, blur(y * y) - mu_y ** 2, blur(x * y) - mu_x * mu_y
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    ssim = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (var_x + var_y + c2))
-    return ssim.flatten(1).mean(1)
+def ssim_per_image(recon_NCHW: torch.Tensor, target_NCHW: torch.Tensor) -> torch.Tensor:
+    """SSIM per image; the shared definition (tokenizer/image_metrics.py)."""
+    return image_metrics.ssim(recon_NCHW, target_NCHW)
 
 
 def token_ids_N(idx_NHW: np.ndarray, k: int) -> np.ndarray:

@@ -14,15 +14,17 @@ import time
 def _steps(image_size: int, batch_size: int, steps: int, out) -> None:
     import torch
 
+    from ..criterion import TokenizerLoss
     from ..discriminator import PatchDiscriminator
     from ..losses import discriminator_loss
     from ..model import DualCodebookTokenizer
     from .config import TrainConfig
 
     torch.set_num_threads(1)
-    tok_cfg = TrainConfig().replace(data={"image_size": image_size, "batch_size": batch_size}).tokenizer_config()
+    tok_cfg = TrainConfig().replace(model={"image_size": image_size}).model
     torch.manual_seed(0)
     model = DualCodebookTokenizer(tok_cfg)
+    criterion = TokenizerLoss.for_model(model)
     disc = PatchDiscriminator(tok_cfg.loss.disc_ndf, tok_cfg.loss.disc_layers)
     opt_g = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     opt_d = torch.optim.Adam(disc.parameters(), lr=1e-4)
@@ -30,7 +32,7 @@ def _steps(image_size: int, batch_size: int, steps: int, out) -> None:
 
     def step(i: int) -> None:
         disc.requires_grad_(False)
-        out_g = model(x, step=i, discriminator=disc)
+        out_g = criterion(model, x, step=i, discriminator=disc)
         opt_g.zero_grad(set_to_none=True)
         out_g.loss.backward()
         opt_g.step()

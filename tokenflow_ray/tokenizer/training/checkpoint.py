@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STATE_NAME = "state.pt"
+POSITION_NAME = "data_position.json"  # {step, samples}: read by the driver to build the resumed pipeline cheaply
 
 
 @dataclass
@@ -26,14 +27,30 @@ class TrainState:
     curve: list = field(default_factory=list)  # [step, loss] per reported interval
     skipped_images: int = 0
     config: dict = field(default_factory=dict)  # TrainConfig.to_dict()
+    samples: int = 0  # global samples consumed (all ranks): the indexed pipeline's data position
 
 
 def save_state(directory: str | Path, state: TrainState) -> Path:
+    import json
+
     import torch
 
     path = Path(directory) / STATE_NAME
     torch.save(state.__dict__, path)
+    (Path(directory) / POSITION_NAME).write_text(json.dumps({"step": state.step, "samples": state.samples}))
     return path
+
+
+def read_position(run_dir: str | Path) -> dict:
+    """{step, samples} of the run's latest checkpoint, or zeros when there is none (a fresh run)."""
+    import json
+
+    try:
+        ckpt = latest_checkpoint_dir(run_dir)
+    except FileNotFoundError:
+        return {"step": 0, "samples": 0}
+    file = ckpt / POSITION_NAME
+    return json.loads(file.read_text()) if file.is_file() else {"step": 0, "samples": 0}
 
 
 def load_state(directory: str | Path) -> TrainState:
@@ -63,7 +80,7 @@ def model_from_state(state: TrainState, use_ema: bool = True):
     from ..model import DualCodebookTokenizer
     from .config import TrainConfig
 
-    model = DualCodebookTokenizer(TrainConfig.from_dict(state.config).tokenizer_config())
+    model = DualCodebookTokenizer(TrainConfig.from_dict(state.config).model)
     model.load_state_dict(state.model, strict=True)
     if use_ema and state.ema:
         params = dict(model.named_parameters())

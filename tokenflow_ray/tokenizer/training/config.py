@@ -1,6 +1,13 @@
-"""Frozen, validated training configs (data, model, optimiser, schedule, scaling, run) and YAML loading.
+"""Frozen, validated training configs and YAML loading: one tree.
 
-Everything is checked at construction, on the driver, so a bad value (negative lr, K <= 0, unknown teacher or preset,
+`model` IS the tokenizer's own config tree (`tokenizer/config.py` TokenizerConfig): `model: {preset: NAME, ...}` is
+that preset with any of its leaves replaced (`model.quantizer.codebook_size`, `model.loss.lpips_path`,
+`model.semantic.pretrained_path` for the teacher checkpoint, `model.scales`, ...). Nothing is duplicated here: the
+training image side is `model.image_size`, the GAN start is `model.loss.gan_start_step`. The other sections (data,
+optim, schedule, scaling, eval, run) hold what only training needs. `--set a.b.c=VALUE` on the CLI reaches the same
+leaves as the YAML.
+
+Everything is checked at construction, on the driver, so a bad value (negative lr, K <= 1, unknown key or preset,
 bad worker counts) is a one-line ValueError before any Ray worker starts. Nothing here imports torch or ray.
 Presets: `tiny` (CPU tests), `tokenflow-b` (CLIP ViT-B/16 @224), `tokenflow-xl` (SigLIP-SO400M/14 @384).
 """
@@ -12,12 +19,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import PRESETS, TokenizerConfig, preset
+from ..config import TokenizerConfig, merge_tree
 
 DATA_SOURCES = ("digits", "shapes", "parquet", "images")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-# teacher name -> the semantic tower kind it needs; "random" keeps the preset's tower, randomly initialised (tests).
-TEACHERS = {"random": None, "clipb_224": "clip", "siglip_384": "siglip"}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -26,42 +31,22 @@ def _check(cond: bool, msg: str) -> None:
 
 
 @dataclass(frozen=True)
-class ModelSettings:
-    preset: str = "tiny"  # a tokenizer preset name (tokenizer/config.py PRESETS)
-    teacher: str = "random"  # random | clipb_224 | siglip_384
-    teacher_path: str | None = None  # local transformers checkpoint of the teacher (nothing is downloaded)
-    codebook_size: int | None = None  # K; None keeps the preset's
-
-    def __post_init__(self) -> None:
-        _check(self.preset in PRESETS, f"model.preset: unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
-        _check(self.teacher in TEACHERS, f"model.teacher: unknown teacher {self.teacher!r}; choose from {sorted(TEACHERS)}")
-        _check(self.codebook_size is None or (isinstance(self.codebook_size, int) and self.codebook_size > 0),
-               f"model.codebook_size (K) must be a positive integer, got {self.codebook_size!r}")
-        if self.teacher != "random":
-            _check(bool(self.teacher_path), f"model.teacher {self.teacher!r} needs model.teacher_path: a local "
-                                            "transformers checkpoint directory (weights are never downloaded)")
-
-    def tokenizer_config(self) -> TokenizerConfig:
-        base = preset(self.preset)
-        kind = TEACHERS[self.teacher]
-        _check(kind is None or kind == base.semantic.kind,
-               f"model.teacher {self.teacher!r} needs a {kind} tower, but preset {self.preset!r} uses "
-               f"{base.semantic.kind!r}")
-        semantic = dataclasses.replace(base.semantic, pretrained_path=self.teacher_path)
-        # K is validated by QuantizerConfig too (K >= 2), so K = 1 also fails here with its message.
-        quantizer = (base.quantizer if self.codebook_size is None
-                     else dataclasses.replace(base.quantizer, codebook_size=self.codebook_size))
-        return dataclasses.replace(base, semantic=semantic, quantizer=quantizer)
-
-
-@dataclass(frozen=True)
 class DataSettings:
     source: str = "digits"  # digits | shapes (generated parquet) | parquet (image-bytes column) | images (a folder)
     path: str | None = None  # parquet or image folder; for digits/shapes where to write them (None: under storage)
     column: str = "image"  # image-bytes column of a parquet source
-    num_images: int = 512  # generated datasets only
-    image_size: int = 16  # side after crop + resize; a multiple of the tokenizer's side_multiple
+    num_images: int = 512  # generated datasets only (training split)
+    num_eval_images: int = 256  # generated datasets only: the held-out split (digits: from held-out source drawings)
+    # Held-out split of a parquet/images source: eval_path when given, else this fraction of the files (chosen by a
+    # hash of the file name, at least one file) that training never reads (split.py).
+    eval_path: str | None = None
+    holdout_fraction: float = 0.05
     batch_size: int = 16  # per worker
+    # Rows shuffled in a buffer of this size in each worker's iterator (0: off); files are shuffled per epoch too.
+    local_shuffle_buffer_size: int = 0
+    # Training splits up to this size (encoded bytes) are read once and indexed: one pipeline for every epoch and an
+    # exact resume; larger ones stream from storage, one pipeline per epoch (training/data.py).
+    materialize_max_mb: int = 2048
     crop_scale_min: float = 0.8  # random-resized-crop area fraction (paper: 0.8-1.0); 1.0 = centre resize only
     hflip: bool = True
     map_workers: int = 1  # actors in the decode stage (bounded concurrency)
@@ -72,9 +57,13 @@ class DataSettings:
     def __post_init__(self) -> None:
         _check(self.source in DATA_SOURCES, f"data.source must be one of {DATA_SOURCES}, got {self.source!r}")
         _check(self.source in ("digits", "shapes") or bool(self.path), f"data.source {self.source!r} needs data.path")
-        for name in ("num_images", "image_size", "batch_size", "map_workers", "max_image_pixels"):
+        for name in ("num_images", "num_eval_images", "batch_size", "map_workers", "max_image_pixels",
+                     "materialize_max_mb"):
             _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
                    f"data.{name} must be a positive integer, got {getattr(self, name)!r}")
+        _check(0.0 < self.holdout_fraction < 1.0, f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+        _check(isinstance(self.local_shuffle_buffer_size, int) and self.local_shuffle_buffer_size >= 0,
+               f"data.local_shuffle_buffer_size must be an integer >= 0, got {self.local_shuffle_buffer_size!r}")
         _check(0.0 < self.crop_scale_min <= 1.0, f"data.crop_scale_min must be in (0, 1], got {self.crop_scale_min}")
         _check(self.map_cpus > 0, f"data.map_cpus must be > 0, got {self.map_cpus}")
 
@@ -86,8 +75,7 @@ class OptimSettings:
     disc_lr: float = 1e-4
     grad_clip: float = 1.0  # 0 disables
     ema_decay: float = 0.9999  # 0 disables the EMA copy
-    gan: bool = True  # train the PatchGAN discriminator (second optimiser) once gan_start_step is reached
-    gan_start_step: int | None = None  # None keeps the preset's (paper: 20000; tiny: 0)
+    # (The GAN is model.loss: gan_weight 0 turns the discriminator off, gan_start_step is when it starts.)
     # Micro-batches summed into each optimiser step: one gradient all-reduce per accum_steps micro-batches.
     accum_steps: int = 1
 
@@ -102,7 +90,6 @@ class OptimSettings:
                                                                              f"[0, 1), got {self.betas}")
         _check(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
         _check(0 <= self.ema_decay < 1, f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
-        _check(self.gan_start_step is None or self.gan_start_step >= 0, "optim.gan_start_step must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -178,52 +165,70 @@ class RunSettings:
         return str(Path(self.storage_path).expanduser()) if "://" not in self.storage_path else self.storage_path
 
 
-_SECTIONS = {"model": ModelSettings, "data": DataSettings, "optim": OptimSettings, "schedule": ScheduleSettings,
-             "scaling": ScalingSettings, "run": RunSettings}
+@dataclass(frozen=True)
+class EvalSettings:
+    num_images: int = 256  # held-out images scored by `tokenflow tokenizer evaluate` (at most)
+    batch_size: int = 32
+    # rFID: torchmetrics' Frechet distance over the pooled features of a local transformers vision model (a CLIP,
+    # SigLIP, DINOv2 or ViT directory; never downloaded). None: rFID is not computed (reported as null).
+    fid_features: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_images", "batch_size"):
+            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                   f"eval.{name} must be a positive integer, got {getattr(self, name)!r}")
+
+
+_SECTIONS = {"data": DataSettings, "optim": OptimSettings, "schedule": ScheduleSettings, "scaling": ScalingSettings,
+             "eval": EvalSettings, "run": RunSettings}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: ModelSettings = field(default_factory=ModelSettings)
+    model: TokenizerConfig = field(default_factory=lambda: TokenizerConfig.from_overrides({}))  # preset tiny
     data: DataSettings = field(default_factory=DataSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     scaling: ScalingSettings = field(default_factory=ScalingSettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
-        tok = self.tokenizer_config()  # builds and validates the model config on the driver (no torch)
-        _check(self.data.image_size % tok.side_multiple == 0,
-               f"data.image_size {self.data.image_size} must be a multiple of {tok.side_multiple} for preset "
-               f"{self.model.preset!r}")
+        loss = self.model.loss
+        _check(loss.lpips_weight == 0 or bool(loss.lpips_path),
+               f"model.loss.lpips_weight is {loss.lpips_weight} but model.loss.lpips_path is not set: give a local "
+               "LPIPS state dict (docs/tokenizer.md: LPIPS) or set model.loss.lpips_weight: 0")
 
     def tokenizer_config(self) -> TokenizerConfig:
-        tok = self.model.tokenizer_config()
-        loss = tok.loss
-        if not self.optim.gan:
-            loss = dataclasses.replace(loss, gan_weight=0.0)
-        if self.optim.gan_start_step is not None:
-            loss = dataclasses.replace(loss, gan_start_step=self.optim.gan_start_step)
-        return dataclasses.replace(tok, loss=loss)
+        return self.model
+
+    def check_local_files(self) -> None:
+        """Files the run reads from a local path exist (on the driver; on a cluster they must exist on every node)."""
+        from pathlib import Path
+
+        for key, value in (("model.loss.lpips_path", self.model.loss.lpips_path if self.model.loss.lpips_weight
+                            else None), ("model.semantic.pretrained_path", self.model.semantic.pretrained_path)):
+            if value is not None and "://" not in value and not Path(value).expanduser().exists():
+                raise FileNotFoundError(f"{key}: {value} does not exist (weights are read locally, never downloaded)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def replace(self, **sections: dict) -> TrainConfig:
-        """A copy with fields of named sections replaced: cfg.replace(scaling={"num_workers": 1})."""
-        merged = self.to_dict()
-        for name, values in sections.items():
-            _check(name in _SECTIONS, f"unknown config section {name!r}")
-            merged[name].update(values)
-        return TrainConfig.from_dict(merged)
+        """A copy with leaves of named sections replaced: cfg.replace(scaling={"num_workers": 1},
+        model={"quantizer": {"codebook_size": 256}})."""
+        return TrainConfig.from_dict(merge_tree(self.to_dict(), sections, "config"))
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         _check(isinstance(data, dict), "a training config must be a mapping of sections")
-        unknown = set(data) - set(_SECTIONS)
-        _check(not unknown, f"unknown config sections {sorted(unknown)}; expected {sorted(_SECTIONS)}")
-        kwargs = {}
+        known = {"model", *_SECTIONS}
+        unknown = set(data) - known
+        _check(not unknown, f"unknown config sections {sorted(unknown)}; expected {sorted(known)}")
+        kwargs = {"model": TokenizerConfig.from_overrides(data.get("model"))}
         for name, values in data.items():
+            if name == "model":
+                continue
             section = _SECTIONS[name]
             _check(isinstance(values, dict), f"config section {name!r} must be a mapping")
             known = {f.name for f in dataclasses.fields(section)}
@@ -233,7 +238,42 @@ class TrainConfig:
         return cls(**kwargs)
 
 
-def load_config(path: str | Path) -> TrainConfig:
+def parse_set(items: list[str] | None) -> dict:
+    """`["model.quantizer.codebook_size=1024", "optim.lr=3e-4"]` -> a nested override dict (values parsed as YAML)."""
+    import yaml
+
+    out: dict = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        _check(bool(sep) and bool(key) and all(key.split(".")), f"--set expects KEY.PATH=VALUE, got {item!r}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {key}: not a YAML value ({exc})") from None
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string; a number is what was meant
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+            _check(isinstance(node, dict), f"--set {key}: {part} is set to a value and a mapping")
+        node[leaf] = value
+    return out
+
+
+def _deep_update(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _deep_update(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+def load_config(path: str | Path, sets: list[str] | None = None) -> TrainConfig:
+    """The YAML at `path` with `--set` overrides applied (a dotted path reaches any leaf, model knobs included)."""
     import yaml
 
     file = Path(path)
@@ -244,7 +284,9 @@ def load_config(path: str | Path) -> TrainConfig:
     except yaml.YAMLError as exc:
         raise ValueError(f"{file}: not valid YAML ({exc})") from exc
     try:
-        return TrainConfig.from_dict(data)
+        if not isinstance(data, dict):
+            raise ValueError("a training config must be a mapping of sections")
+        return TrainConfig.from_dict(_deep_update(data, parse_set(sets)))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{file}: {exc}") from exc
 

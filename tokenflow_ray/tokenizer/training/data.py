@@ -1,28 +1,55 @@
-"""Ray Data pipelines: read (parquet image-bytes column, or a folder of image files) -> decode, crop, resize, flip,
-normalise in `map_batches` on a bounded actor pool -> streamed into Ray Train workers with `iter_torch_batches`.
+"""Ray Data pipelines that feed Ray Train workers: one pipeline for the whole run, every epoch inside it.
+
+Indexed pipeline (training splits up to `data.materialize_max_mb`, which covers every dataset this box trains on):
+the split's encoded bytes are read once into the object store; the dataset is `range(samples the run still needs)`
+-> `map_batches(SampleDecoder)` on a bounded actor pool. Global sample s is row perm_e[s mod N] of epoch
+e = s div N (a fresh permutation per epoch from data.seed), cropped and flipped by an RNG seeded with (seed, s). So
+epochs cost nothing at their boundary (no pipeline restart), and the data position is one number: a resumed run
+builds the pipeline from the checkpoint's sample count and continues with exactly the samples it had not seen, with
+the same augmentation, without reading and dropping any.
+
+Streaming pipeline (larger splits, e.g. a LAION-scale parquet lake): read (parquet image-bytes column, or a folder of
+image files, file order reshuffled per epoch) -> decode in `map_batches`. It is built once per epoch by the loop; a
+resume skips the epoch's consumed batches (documented departure: a lake cannot be indexed row by row cheaply).
 
 Corrupt or unreadable images never fail the job: the decode stage emits them with `valid = False` and a blank image,
-and the training loop drops them and counts them (the count is all-reduced and reported). A folder is read with
-`read_binary_files` rather than `read_images` because `read_images` decodes inside the read task, where one bad file
-fails the whole read.
+and the training loop drops them and counts them. A folder is read with `read_binary_files` rather than
+`read_images` because `read_images` decodes inside the read task, where one bad file fails the whole read.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..preprocess import decode_rgb, random_crop_resize
 from .config import DataSettings
+from .split import IMAGE_EXTENSIONS, resolve_split
 
 log = logging.getLogger(__name__)
-IMAGE_EXTENSIONS = ["png", "jpg", "jpeg", "bmp", "gif", "webp", "tif", "tiff"]
+
+
+def _decode_one(data, size: int, max_pixels: int, rng, crop_min: float, hflip: bool) -> np.ndarray | None:
+    if data is None:
+        return None
+    try:
+        return random_crop_resize(decode_rgb(bytes(data), max_pixels), size, rng, crop_min, hflip)
+    except ValueError:  # undecodable, or over max_pixels (ImageTooLarge is a ValueError): counted as corrupt
+        return None
+
+
+def _stack(images: list, valid: list, size: int, extra: dict | None = None) -> dict:
+    blank = np.zeros((3, size, size), np.float32)
+    out = {"image": np.stack([blank if a is None else a for a in images]) if images
+           else np.zeros((0, 3, size, size), np.float32), "valid": np.array(valid, dtype=bool)}
+    out.update(extra or {})
+    return out
 
 
 class ImageDecoder:
-    """Callable class for `map_batches`: bytes -> float32 N x 3 x S x S in [-1, 1] plus a `valid` flag per row."""
+    """Streaming pipeline stage: bytes -> float32 N x 3 x S x S in [-1, 1] plus a `valid` flag per row."""
 
     def __init__(self, image_size: int, crop_scale_min: float, hflip: bool, max_pixels: int, seed: int) -> None:
         import os
@@ -31,58 +58,111 @@ class ImageDecoder:
         # Per-actor stream: two decode actors must not apply the same crops to different images in lockstep.
         self.rng = np.random.default_rng([seed, os.getpid()])
 
-    def _decode(self, data: bytes) -> np.ndarray | None:
-        from PIL import Image
+    def __call__(self, batch: dict) -> dict:
+        images = [_decode_one(d, self.size, self.max_pixels, self.rng, self.crop_min, self.hflip)
+                  for d in batch["bytes"]]
+        paths = batch.get("path")
+        for i, a in enumerate(images):
+            if a is None:
+                log.warning("skipping undecodable image %s", paths[i] if paths is not None else f"row {i}")
+        return _stack(images, [a is not None for a in images], self.size)
 
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                if img.width * img.height > self.max_pixels:
-                    return None
-                rgb = img.convert("RGB")
-                rgb.load()
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
-            return None
-        return self._augment(rgb)
 
-    def _augment(self, rgb) -> np.ndarray:
-        from PIL import Image
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, 7]).permutation(n)
 
-        w, h = rgb.size
-        # Random-resized crop over a square window (paper §3: area 0.8-1.0), then resize and optional flip.
-        side = min(w, h) * float(np.sqrt(self.rng.uniform(self.crop_min, 1.0)))
-        x0, y0 = self.rng.uniform(0, w - side), self.rng.uniform(0, h - side)
-        img = rgb.resize((self.size, self.size), Image.BICUBIC, box=(x0, y0, x0 + side, y0 + side))
-        arr_HWC = np.asarray(img, dtype=np.float32)
-        if self.hflip and self.rng.random() < 0.5:
-            arr_HWC = arr_HWC[:, ::-1]
-        return (arr_HWC.transpose(2, 0, 1) / 127.5 - 1.0).astype(np.float32)
+
+class SampleDecoder:
+    """Indexed pipeline stage: sample ids -> images; deterministic in (seed, sample id) alone."""
+
+    def __init__(self, rows, num_rows: int, offset: int, image_size: int, crop_scale_min: float, hflip: bool,
+                 max_pixels: int, seed: int) -> None:
+        import ray
+
+        # The bytes arrive as [ObjectRef] (a bare ref in kwargs would not be resolved); every actor shares one copy.
+        self.rows = ray.get(rows[0]) if isinstance(rows, list) else rows
+        self.n, self.offset, self.size, self.crop_min, self.hflip = num_rows, offset, image_size, crop_scale_min, hflip
+        self.max_pixels, self.seed = max_pixels, seed
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def _row(self, sample: int) -> int:
+        epoch, pos = divmod(sample, self.n)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, epoch_permutation(self.seed, epoch, self.n))
+        return int(self._perm[1][pos])
 
     def __call__(self, batch: dict) -> dict:
-        blank_CHW = np.zeros((3, self.size, self.size), np.float32)
-        images, valid = [], []
-        paths = batch.get("path")
-        for i, data in enumerate(batch["bytes"]):
-            arr = self._decode(bytes(data)) if data is not None else None
-            if arr is None:
-                log.warning("skipping undecodable image %s", paths[i] if paths is not None else f"row {i}")
-            images.append(blank_CHW if arr is None else arr)
-            valid.append(arr is not None)
-        return {"image": np.stack(images) if images else np.zeros((0, 3, self.size, self.size), np.float32),
-                "valid": np.array(valid, dtype=bool)}
+        samples = batch["id"].astype(np.int64) + self.offset
+        images = [_decode_one(self.rows[self._row(int(s))], self.size, self.max_pixels,
+                              np.random.default_rng([self.seed, int(s)]), self.crop_min, self.hflip) for s in samples]
+        return _stack(images, [a is not None for a in images], self.size, {"sample": samples})
 
 
-def source_path(cfg: DataSettings, storage_dir: str) -> str:
-    """Where the pipeline reads: the configured path, or the generated dataset's parquet folder (written here)."""
-    if cfg.source in ("parquet", "images"):
-        return cfg.path
-    from .datasets import write_generated
-
-    root = cfg.path or str(Path(storage_dir) / "datasets")
-    return str(write_generated(cfg.source, root, cfg.num_images, side=max(cfg.image_size, 32), seed=cfg.seed))
+@dataclass(frozen=True)
+class TrainData:
+    dataset: object  # ray.data.Dataset
+    indexed: bool  # True: one pipeline for the whole run (epochs inside it); False: the loop rebuilds per epoch
+    num_rows: int | None  # rows of the training split (indexed only)
+    offset: int  # first global sample id of this pipeline (the resumed data position)
 
 
-def read_raw(cfg: DataSettings, path: str):
-    """The unprocessed dataset with one `bytes` column (and `path` for folders)."""
+def _read_rows(files: tuple[str, ...], cfg: DataSettings) -> list:
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    if cfg.source == "images":
+        out = []
+        for f in files:
+            fs, p = pafs.FileSystem.from_uri(f) if "://" in f else (pafs.LocalFileSystem(), f)
+            with fs.open_input_file(p) as handle:
+                out.append(handle.read())
+        return out
+    column = "image" if cfg.source in ("digits", "shapes") else cfg.column
+    out = []
+    for f in files:
+        out += pq.read_table(f, columns=[column]).column(column).to_pylist()
+    return out
+
+
+def split_bytes(files: tuple[str, ...], cfg: DataSettings) -> int:
+    import pyarrow.fs as pafs
+
+    total = 0
+    for f in files:
+        fs, p = pafs.FileSystem.from_uri(f) if "://" in f else (pafs.LocalFileSystem(), f)
+        total += fs.get_file_info(p).size or 0
+    return total
+
+
+def build_train_data(cfg: DataSettings, storage_dir: str, image_size: int, samples_needed: int,
+                     offset: int = 0) -> TrainData:
+    """The training pipeline for `samples_needed` more samples from global sample `offset` (the data position)."""
+    import ray
+    import ray.data
+
+    split = resolve_split(cfg, storage_dir, image_size)
+    if split_bytes(split.train_files, cfg) > cfg.materialize_max_mb * 2 ** 20:
+        return TrainData(_streaming(cfg, split.train_files, image_size), indexed=False, num_rows=None, offset=0)
+    rows = _read_rows(split.train_files, cfg)
+    if not rows:
+        raise ValueError(f"the training split of data.source {cfg.source!r} is empty")
+    ref = ray.put(np.array(rows, dtype=object))
+    ds = ray.data.range(samples_needed, override_num_blocks=max(1, min(64, samples_needed // (4 * cfg.batch_size))))
+    ds = ds.map_batches(
+        SampleDecoder, fn_constructor_kwargs={"rows": [ref], "num_rows": len(rows), "offset": offset,
+                                              **_decoder_kwargs(cfg, image_size)},
+        batch_size=cfg.batch_size, batch_format="numpy", num_cpus=cfg.map_cpus,
+        compute=ray.data.ActorPoolStrategy(size=cfg.map_workers))
+    return TrainData(ds, indexed=True, num_rows=len(rows), offset=offset)
+
+
+def _decoder_kwargs(cfg: DataSettings, image_size: int) -> dict:
+    return {"image_size": image_size, "crop_scale_min": cfg.crop_scale_min, "hflip": cfg.hflip,
+            "max_pixels": cfg.max_image_pixels, "seed": cfg.seed}
+
+
+def read_raw(cfg: DataSettings, paths: list[str]):
+    """The unprocessed dataset with one `bytes` column (and `path` for folders), over the given files."""
     import ray.data
 
     # File order is shuffled (reseeded every epoch): with a fixed order the same tail rows would be the ones
@@ -92,21 +172,21 @@ def read_raw(cfg: DataSettings, path: str):
     # never fits and fit() hangs (the deadlock in ray-notes §6.4), so reads get the same fraction as decoding.
     if cfg.source == "images":
         # include_paths adds a string column; the decode stage consumes it so iter_torch_batches never sees it.
-        return ray.data.read_binary_files(path, include_paths=True, file_extensions=IMAGE_EXTENSIONS, shuffle=shuffle,
-                                          num_cpus=cfg.map_cpus)
-    ds = ray.data.read_parquet(path, file_extensions=["parquet"], shuffle=shuffle, num_cpus=cfg.map_cpus)
-    ds = ds.select_columns([cfg.column])
-    return ds.rename_columns({cfg.column: "bytes"})
+        return ray.data.read_binary_files(paths, include_paths=True, file_extensions=list(IMAGE_EXTENSIONS),
+                                          shuffle=shuffle, num_cpus=cfg.map_cpus)
+    column = "image" if cfg.source in ("digits", "shapes") else cfg.column
+    ds = ray.data.read_parquet(paths, file_extensions=["parquet"], shuffle=shuffle, num_cpus=cfg.map_cpus)
+    return ds.select_columns([column]).rename_columns({column: "bytes"})
 
 
-def build_dataset(cfg: DataSettings, storage_dir: str):
-    """The streaming training dataset: columns `image` (float32 3 x S x S in [-1, 1]) and `valid` (bool)."""
+def build_dataset(cfg: DataSettings, storage_dir: str, image_size: int):
+    """The streaming pipeline over the training split: columns `image` (float32 3 x S x S) and `valid` (bool)."""
+    return _streaming(cfg, resolve_split(cfg, storage_dir, image_size).train_files, image_size)
+
+
+def _streaming(cfg: DataSettings, files: tuple[str, ...], image_size: int):
     import ray.data
 
-    raw = read_raw(cfg, source_path(cfg, storage_dir))
-    return raw.map_batches(
-        ImageDecoder,
-        fn_constructor_kwargs={"image_size": cfg.image_size, "crop_scale_min": cfg.crop_scale_min,
-                               "hflip": cfg.hflip, "max_pixels": cfg.max_image_pixels, "seed": cfg.seed},
-        batch_size=cfg.batch_size, batch_format="numpy", num_cpus=cfg.map_cpus,
-        compute=ray.data.ActorPoolStrategy(size=cfg.map_workers))
+    return read_raw(cfg, list(files)).map_batches(
+        ImageDecoder, fn_constructor_kwargs=_decoder_kwargs(cfg, image_size), batch_size=cfg.batch_size,
+        batch_format="numpy", num_cpus=cfg.map_cpus, compute=ray.data.ActorPoolStrategy(size=cfg.map_workers))

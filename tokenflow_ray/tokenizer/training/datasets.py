@@ -24,13 +24,18 @@ def _png(rgb_HWC: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def digit_images(num_images: int, side: int, seed: int) -> tuple[list[bytes], np.ndarray]:
+HELD_OUT_EVERY = 5  # digits: every 5th sklearn source drawing is held out (only the eval split draws from them)
+
+
+def digit_images(num_images: int, side: int, seed: int, split: str = "train") -> tuple[list[bytes], np.ndarray]:
     from PIL import Image
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(digits.images), num_images)
+    rng = np.random.default_rng([seed, 0 if split == "train" else 1])
+    held = np.arange(len(digits.images)) % HELD_OUT_EVERY == 0
+    sources = np.flatnonzero(held if split == "eval" else ~held)
+    pick = sources[rng.integers(0, len(sources), num_images)]
     fg_N3 = rng.uniform(0, 1, (num_images, 3))
     bg_N3 = 1 - fg_N3 + rng.uniform(-0.2, 0.2, (num_images, 3))  # roughly complementary: the digit stays visible
     out = []
@@ -42,10 +47,10 @@ def digit_images(num_images: int, side: int, seed: int) -> tuple[list[bytes], np
     return out, digits.target[pick]
 
 
-def shape_images(num_images: int, side: int, seed: int) -> tuple[list[bytes], np.ndarray]:
+def shape_images(num_images: int, side: int, seed: int, split: str = "train") -> tuple[list[bytes], np.ndarray]:
     from PIL import Image, ImageDraw
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([seed, 0 if split == "train" else 1])  # the eval split is another random stream
     out, labels = [], rng.integers(0, len(SHAPES), num_images)
     for kind in labels:
         bg, fg = (tuple(int(c) for c in rng.integers(0, 256, 3)) for _ in range(2))
@@ -64,21 +69,24 @@ def shape_images(num_images: int, side: int, seed: int) -> tuple[list[bytes], np
 
 
 def write_generated(kind: str, directory: str | Path, num_images: int, side: int = 32, seed: int = 0,
-                    rows_per_file: int = 128) -> Path:
-    """Write `num_images` generated images as parquet files (columns image: PNG bytes, label: int) and return the
-    folder. An existing folder with the same spec is reused (generation is deterministic in its arguments)."""
+                    rows_per_file: int = 128, split: str = "train") -> Path:
+    """Write `num_images` generated images of one split ("train" or "eval") as parquet files (columns image: PNG
+    bytes, label: int) and return the folder. An existing folder with the same spec is reused (generation is
+    deterministic in its arguments)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     makers = {"digits": digit_images, "shapes": shape_images}
     if kind not in makers:
         raise ValueError(f"unknown generated dataset {kind!r}; choose from {sorted(makers)}")
-    folder = Path(directory) / f"{kind}-n{num_images}-s{side}-seed{seed}"
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    folder = Path(directory) / f"{kind}-{split}-n{num_images}-s{side}-seed{seed}"
     done = folder / "_SUCCESS"
     if done.exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    images, labels = makers[kind](num_images, side, seed)
+    images, labels = makers[kind](num_images, side, seed, split)
     for part, start in enumerate(range(0, num_images, rows_per_file)):
         table = pa.table({"image": pa.array(images[start:start + rows_per_file], pa.binary()),
                           "label": pa.array(labels[start:start + rows_per_file].astype(np.int64))})

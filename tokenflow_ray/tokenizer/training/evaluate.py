@@ -1,8 +1,9 @@
-"""Reconstruction evaluation: PSNR and SSIM over a held-out set, codebook usage, and a PNG grid of samples.
+"""Reconstruction evaluation on the held-out split: PSNR, SSIM, rFID, codebook usage, and a PNG grid of samples.
 
-Runs in one process (no Ray): evaluation sets are small next to training sets, and the job stays debuggable.
-PSNR and SSIM are on [0, 1] pixels; SSIM is the standard Gaussian-window form (sigma 1.5, window <= 11, smaller on
-tiny images), averaged over channels.
+The images are the split's held-out files (training/split.py: training never reads them), preprocessed exactly as
+serving does (preprocess.center_crop_resize: centre square, bicubic to the model's side; no augmentation). Metrics
+come from tokenizer/image_metrics.py (torchmetrics PSNR/SSIM; rFID via torchmetrics over a local feature network,
+`eval.fid_features`, null when unset). Runs in one process (no Ray): evaluation sets are small next to training sets.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from .. import image_metrics
 from .config import DataSettings, TrainConfig
 
 
@@ -22,34 +23,14 @@ from .config import DataSettings, TrainConfig
 class EvalResult:
     psnr: float
     ssim: float
+    rfid: float | None  # None when no feature network is configured
     usage: float  # unique indices used over the evaluation set / K
     num_images: int
+    files: list  # the held-out files the images came from
     grid_png: str | None  # originals (top) over reconstructions (bottom)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def psnr(x_BCHW: torch.Tensor, y_BCHW: torch.Tensor) -> torch.Tensor:
-    """Per-image PSNR in dB for images in [-1, 1]."""
-    mse_B = (((x_BCHW - y_BCHW) / 2) ** 2).flatten(1).mean(1).clamp_min(1e-10)
-    return 10 * torch.log10(1 / mse_B)
-
-
-def ssim(x_BCHW: torch.Tensor, y_BCHW: torch.Tensor) -> torch.Tensor:
-    """Per-image SSIM for images in [-1, 1]."""
-    x, y = (x_BCHW + 1) / 2, (y_BCHW + 1) / 2
-    size = min(11, x.shape[-1] - (1 - x.shape[-1] % 2))  # odd, no larger than the image
-    coords = torch.arange(size, dtype=x.dtype) - size // 2
-    g = torch.exp(-coords ** 2 / (2 * 1.5 ** 2))
-    g = g / g.sum()
-    win = (g[:, None] * g[None, :]).expand(x.shape[1], 1, size, size)
-    blur = lambda t: F.conv2d(t, win, groups=x.shape[1])  # noqa: E731
-    mu_x, mu_y = blur(x), blur(y)
-    var_x, var_y, cov = blur(x * x) - mu_x ** 2, blur(y * y) - mu_y ** 2, blur(x * y) - mu_x * mu_y
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    s = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (var_x + var_y + c2))
-    return s.flatten(1).mean(1)
 
 
 def save_grid(orig_BCHW: torch.Tensor, recon_BCHW: torch.Tensor, path: str | Path, max_images: int = 8) -> Path:
@@ -65,59 +46,71 @@ def save_grid(orig_BCHW: torch.Tensor, recon_BCHW: torch.Tensor, path: str | Pat
     return path
 
 
-def load_eval_images(cfg: DataSettings, storage_dir: str, num_images: int) -> torch.Tensor:
-    """Held-out images, decoded without augmentation. Generated sources use another seed (unseen drawings)."""
+def load_eval_images(cfg: DataSettings, storage_dir: str, image_size: int, num_images: int,
+                     max_pixels: int | None = None) -> tuple[torch.Tensor, list[str]]:
+    """Up to `num_images` held-out images (centre-cropped, as served) and the files they came from."""
     import numpy as np
-    import pyarrow.parquet as pq
 
-    from .data import IMAGE_EXTENSIONS, ImageDecoder, source_path
+    from ..preprocess import center_crop_resize, decode_rgb
+    from .data import _read_rows
+    from .split import resolve_split
 
-    if cfg.source in ("digits", "shapes"):
-        cfg = dataclasses.replace(cfg, seed=cfg.seed + 1000, num_images=num_images)
-    folder = Path(source_path(cfg, storage_dir))
-    if cfg.source == "images":
-        files = sorted(p for p in folder.rglob("*") if p.suffix.lower().lstrip(".") in IMAGE_EXTENSIONS)
-        blobs = [p.read_bytes() for p in files[:num_images]]
-    else:
-        blobs = []
-        for f in sorted(folder.glob("*.parquet")):
-            blobs += pq.read_table(f, columns=[cfg.column]).column(cfg.column).to_pylist()
-            if len(blobs) >= num_images:
+    split = resolve_split(cfg, storage_dir, image_size)
+    arrays, used = [], []
+    for f in split.eval_files:
+        for data in _read_rows((f,), cfg):
+            if len(arrays) >= num_images:
                 break
-    decoder = ImageDecoder(cfg.image_size, 1.0, False, cfg.max_image_pixels, cfg.seed)
-    out = decoder({"bytes": np.array(blobs[:num_images], dtype=object)})
-    return torch.from_numpy(out["image"][out["valid"]])
+            try:
+                arrays.append(center_crop_resize(decode_rgb(bytes(data), max_pixels or cfg.max_image_pixels),
+                                                 image_size))
+            except ValueError:
+                continue  # a corrupt held-out image is skipped, as in training
+        used.append(f)
+        if len(arrays) >= num_images:
+            break
+    if not arrays:
+        raise ValueError(f"no decodable held-out images in {list(split.eval_files)[:3]}")
+    return torch.from_numpy(np.stack(arrays)), used
 
 
 @torch.no_grad()
-def evaluate_model(model, images_NCHW: torch.Tensor, batch_size: int = 64, grid_path: str | Path | None = None):
+def evaluate_model(model, images_NCHW: torch.Tensor, batch_size: int = 64, grid_path: str | Path | None = None,
+                   fid_features: str | None = None, files: list | None = None) -> EvalResult:
     model.eval()
     psnrs, ssims, used, recons = [], [], set(), []
+    rfid = image_metrics.RFID(fid_features) if fid_features else None
     for start in range(0, images_NCHW.shape[0], batch_size):
         x = images_NCHW[start:start + batch_size]
         enc = model.encode(x)
         recon = model.decode(enc.idx_per_scale).clamp(-1, 1)
-        psnrs.append(psnr(recon, x))
-        ssims.append(ssim(recon, x))
+        psnrs.append(image_metrics.psnr(recon, x))
+        ssims.append(image_metrics.ssim(recon, x))
+        if rfid is not None:
+            rfid.update(x, recon)
         for idx in enc.idx_per_scale:
             used.update(idx.flatten().tolist())
         recons.append(recon)
     grid = save_grid(images_NCHW, torch.cat(recons), grid_path) if grid_path else None
     return EvalResult(psnr=float(torch.cat(psnrs).mean()), ssim=float(torch.cat(ssims).mean()),
+                      rfid=rfid.compute() if rfid is not None else None,
                       usage=len(used) / model.config.quantizer.codebook_size, num_images=int(images_NCHW.shape[0]),
-                      grid_png=str(grid) if grid else None)
+                      files=list(files or []), grid_png=str(grid) if grid else None)
 
 
-def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, num_images: int = 256,
-                        use_ema: bool = True) -> EvalResult:
-    """Evaluate a training checkpoint (or a run folder: its latest checkpoint); writes metrics.json + samples.png."""
+def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, num_images: int | None = None,
+                        use_ema: bool = True, fid_features: str | None = None) -> EvalResult:
+    """Evaluate a training checkpoint (or a run folder: its latest checkpoint) on its held-out split; writes
+    metrics.json + samples.png. `num_images` / `fid_features` default to the run's eval section."""
     from .checkpoint import latest_checkpoint_dir, load_state, model_from_state
 
     state = load_state(latest_checkpoint_dir(checkpoint))
     cfg = TrainConfig.from_dict(state.config)
     model = model_from_state(state, use_ema=use_ema)
-    images = load_eval_images(cfg.data, cfg.run.storage_dir, num_images)
+    images, files = load_eval_images(cfg.data, cfg.run.storage_dir, cfg.model.image_size,
+                                     num_images or cfg.eval.num_images)
     out = Path(out_dir)
-    result = evaluate_model(model, images, grid_path=out / "samples.png")
+    result = evaluate_model(model, images, batch_size=cfg.eval.batch_size, grid_path=out / "samples.png",
+                            fid_features=fid_features or cfg.eval.fid_features, files=files)
     (out / "metrics.json").write_text(json.dumps({**result.to_dict(), "step": state.step}, indent=2))
     return result

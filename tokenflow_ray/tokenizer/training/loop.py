@@ -57,12 +57,15 @@ def _all_gather(obj) -> list:
 def _build(cfg: TrainConfig, device):
     from ray.train.torch import prepare_model
 
+    from ..criterion import TokenizerLoss
     from ..discriminator import PatchDiscriminator
     from ..model import DualCodebookTokenizer
 
-    tok_cfg = cfg.tokenizer_config()
+    tok_cfg = cfg.model
     torch.manual_seed(cfg.data.seed)  # same init on every rank (rank 0's weights are also broadcast)
     raw = DualCodebookTokenizer(tok_cfg).to(device)
+    # Before any checkpoint is loaded: the teacher is the tower as it starts (pretrained, or this seeded init).
+    criterion = TokenizerLoss.for_model(raw).to(device)
     if cfg.scaling.gradient_sync == "ddp":
         # find_unused_parameters: the trainable tower's pooler/projection and a dropped scale's gain get no
         # gradient. broadcast_buffers=False: the usage window is per rank bookkeeping, not state to overwrite from
@@ -84,7 +87,7 @@ def _build(cfg: TrainConfig, device):
         opt_d = torch.optim.Adam(disc.parameters(), lr=o.disc_lr, betas=o.betas)
     ema = ({n: p.detach().clone() for n, p in raw.named_parameters() if p.requires_grad}
            if o.ema_decay > 0 else None)
-    return raw, model, opt_g, disc, opt_d, ema
+    return raw, model, criterion, opt_g, disc, opt_d, ema
 
 
 def train_loop(loop_config: dict) -> dict:
@@ -105,7 +108,7 @@ def train_loop(loop_config: dict) -> dict:
     torch.set_num_threads(cfg.scaling.torch_threads)
     rank, world = _world()
     device = get_device()
-    raw, model, opt_g, disc, opt_d, ema = _build(cfg, device)
+    raw, model, criterion, opt_g, disc, opt_d, ema = _build(cfg, device)
     tok_cfg = raw.config
 
     state = TrainState(step=0, epoch=0, batch_in_epoch=0, model={}, opt_g={}, config=cfg.to_dict())
@@ -128,9 +131,10 @@ def train_loop(loop_config: dict) -> dict:
 
     meter = IntervalMeter(LOSS_TERMS)
     shard = ray.train.get_dataset_shard("train")
-    step, epoch, skip = state.step, state.epoch, state.batch_in_epoch
+    step, epoch = state.step, state.epoch
     prev_x = None
     accum = cfg.optim.accum_steps
+    per_step = accum * cfg.data.batch_size * world  # global samples one optimiser step consumes
     ddp = cfg.scaling.gradient_sync == "ddp"
     g_params = [p for p in raw.parameters() if p.requires_grad]
     compress = cfg.scaling.grad_compress
@@ -141,96 +145,124 @@ def train_loop(loop_config: dict) -> dict:
             ema_params.append(p)
     if not ddp:
         broadcast_params([raw] + ([disc] if disc is not None else []))
+    data = loop_config.get("data", {"indexed": False, "offset": 0, "num_rows": None})
+    position = _Position(epoch, state.batch_in_epoch)
+    batches = _batch_stream(shard, cfg, device, data, state.samples, position)
     while step < cfg.schedule.steps:
-        batch_in_epoch = 0
-        it = iter(shard.iter_torch_batches(batch_size=cfg.data.batch_size, drop_last=True, device=device))
-        while step < cfg.schedule.steps:
-            t0 = time.perf_counter()
-            group = []
-            while len(group) < accum and (batch := next(it, None)) is not None:
-                batch_in_epoch += 1
-                if batch_in_epoch > skip:  # data position: batches this epoch consumed before the checkpoint
-                    group.append(batch)
-            if len(group) < accum:
-                break  # epoch end; a partial group is dropped (every rank's shard has the same batch count)
-            t1 = time.perf_counter()
-            xs = []
-            for batch in group:
-                valid = batch["valid"].bool()
-                x = batch["image"][valid]
-                meter.skipped += int((~valid).sum())
-                if x.shape[0] == 0:
-                    # Why reuse: every rank must run the same number of DDP steps, even if its whole batch was corrupt.
-                    x = prev_x if prev_x is not None else batch["image"]
-                prev_x = x
-                xs.append(x)
-            use_gan = disc is not None and gan_active(tok_cfg.loss, step)
-            opt_g.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        group = [b for _, b in zip(range(accum), batches)]
+        if len(group) < accum:
+            raise RuntimeError(f"the data pipeline ended at step {step} of {cfg.schedule.steps}")
+        t1 = time.perf_counter()
+        xs = []
+        for batch in group:
+            valid = batch["valid"].bool()
+            x = batch["image"][valid]
+            meter.skipped += int((~valid).sum())
+            if x.shape[0] == 0:
+                # Why reuse: every rank must run the same number of DDP steps, even if its whole batch was corrupt.
+                x = prev_x if prev_x is not None else batch["image"]
+            prev_x = x
+            xs.append(x)
+        use_gan = disc is not None and gan_active(tok_cfg.loss, step)
+        opt_g.zero_grad(set_to_none=True)
+        if use_gan:
+            opt_d.zero_grad(set_to_none=True)
+        terms = dict.fromkeys(LOSS_TERMS, 0.0)
+        sync_s, pending_g = 0.0, None
+        for i, x in enumerate(xs):
+            last_micro = i == len(xs) - 1
             if use_gan:
-                opt_d.zero_grad(set_to_none=True)
-            terms = dict.fromkeys(LOSS_TERMS, 0.0)
-            sync_s, pending_g = 0.0, None
-            for i, x in enumerate(xs):
-                last_micro = i == len(xs) - 1
-                if use_gan:
-                    disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
-                # DDP all-reduces on the last micro-batch's backward only; earlier ones accumulate locally.
-                with contextlib.nullcontext() if last_micro or not ddp else model.no_sync():
-                    out = model(x, step=step, discriminator=disc if use_gan else None)
-                    (out.loss / len(xs)).backward()
-                if last_micro and not ddp:
-                    t_sync = time.perf_counter()
-                    pending_g = start_average(g_params, compress)  # travels while D computes below
-                    sync_s += time.perf_counter() - t_sync
-                for k in LOSS_TERMS:
-                    terms[k] += float(getattr(out, k).detach()) / len(xs)
-                if use_gan:
-                    disc.requires_grad_(True)
-                    d = discriminator_loss(disc, x, out.recon_BCHW)  # fakes of this step's G, as without accumulation
-                    (d.loss / len(xs)).backward()
-                    terms["disc_loss"] = terms.get("disc_loss", 0.0) + float(d.loss) / len(xs)
-            t_sync = time.perf_counter()
-            # D's average travels while G's optimiser steps. D is never under DDP: it runs several times a step
-            # (real, fake, inside G's loss), which DDP's reducer does not expect.
-            pending_d = start_average(list(disc.parameters()) if use_gan else [], compress)
-            if pending_g is not None:
-                pending_g.wait()
-            sync_s += time.perf_counter() - t_sync
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.optim.grad_clip)
-            opt_g.step()
-            if ema is not None:
-                with torch.no_grad():
-                    torch._foreach_lerp_(ema_values, ema_params, 1 - cfg.optim.ema_decay)
-            t_sync = time.perf_counter()
-            pending_d.wait()
-            sync_s += time.perf_counter() - t_sync
+                disc.requires_grad_(False)  # G's adversarial term must not write gradients into D
+            # DDP all-reduces on the last micro-batch's backward only; earlier ones accumulate locally.
+            with contextlib.nullcontext() if last_micro or not ddp else model.no_sync():
+                out = criterion(model, x, step=step, discriminator=disc if use_gan else None)
+                (out.loss / len(xs)).backward()
+            if last_micro and not ddp:
+                t_sync = time.perf_counter()
+                pending_g = start_average(g_params, compress)  # travels while D computes below
+                sync_s += time.perf_counter() - t_sync
+            for k in LOSS_TERMS:
+                terms[k] += float(getattr(out, k).detach()) / len(xs)
             if use_gan:
-                opt_d.step()
-            step += 1
-            meter.add(terms, images=sum(x.shape[0] for x in xs), wait_s=t1 - t0, step_s=time.perf_counter() - t1,
-                      usage=out.usage, sync_s=sync_s)
-            last = step == cfg.schedule.steps
-            if step % cfg.schedule.log_every and step % cfg.schedule.checkpoint_every and not last:
-                continue
-            metrics = meter.flush(_all_reduce, world)
-            state.skipped_images += metrics.pop("skipped_images_interval")
-            state.curve.append([step, metrics["loss"]])
-            metrics.update(step=step, epoch=epoch, world_size=world, resumed_from_step=resumed_from,
-                           skipped_images=int(state.skipped_images), loss_curve=list(state.curve),
-                           worker_node_ids=[w["node_id"] for w in workers], worker_pids=[w["pid"] for w in workers],
-                           worker_cpus=[w["cpus"] for w in workers])
-            if progress is not None and rank == 0:
-                progress.update.remote(metrics)
-            if step % cfg.schedule.checkpoint_every == 0 or last:
-                _report_with_checkpoint(metrics, state, step, epoch, batch_in_epoch, raw, opt_g, disc, opt_d, ema,
-                                        rank, Checkpoint)
-            else:
-                ray.train.report(metrics)
-            meter.restart_clock()  # why: images/s measures training, not the report/checkpoint just done
-        skip = 0
-        epoch += 1
+                disc.requires_grad_(True)
+                d = discriminator_loss(disc, x, out.recon_BCHW)  # fakes of this step's G, as without accumulation
+                (d.loss / len(xs)).backward()
+                terms["disc_loss"] = terms.get("disc_loss", 0.0) + float(d.loss) / len(xs)
+        t_sync = time.perf_counter()
+        # D's average travels while G's optimiser steps. D is never under DDP: it runs several times a step
+        # (real, fake, inside G's loss), which DDP's reducer does not expect.
+        pending_d = start_average(list(disc.parameters()) if use_gan else [], compress)
+        if pending_g is not None:
+            pending_g.wait()
+        sync_s += time.perf_counter() - t_sync
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.optim.grad_clip)
+        opt_g.step()
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(ema_values, ema_params, 1 - cfg.optim.ema_decay)
+        t_sync = time.perf_counter()
+        pending_d.wait()
+        sync_s += time.perf_counter() - t_sync
+        if use_gan:
+            opt_d.step()
+        step += 1
+        state.samples += per_step
+        epoch = position.epoch if not data["indexed"] else state.samples // data["num_rows"]
+        meter.add(terms, images=sum(x.shape[0] for x in xs), wait_s=t1 - t0, step_s=time.perf_counter() - t1,
+                  usage=out.usage, sync_s=sync_s)
+        last = step == cfg.schedule.steps
+        if step % cfg.schedule.log_every and step % cfg.schedule.checkpoint_every and not last:
+            continue
+        metrics = meter.flush(_all_reduce, world)
+        state.skipped_images += metrics.pop("skipped_images_interval")
+        state.curve.append([step, metrics["loss"]])
+        metrics.update(step=step, epoch=epoch, world_size=world, resumed_from_step=resumed_from,
+                       skipped_images=int(state.skipped_images), loss_curve=list(state.curve),
+                       worker_node_ids=[w["node_id"] for w in workers], worker_pids=[w["pid"] for w in workers],
+                       worker_cpus=[w["cpus"] for w in workers])
+        if progress is not None and rank == 0:
+            progress.update.remote(metrics)
+        if step % cfg.schedule.checkpoint_every == 0 or last:
+            _report_with_checkpoint(metrics, state, step, epoch, position.batch_in_epoch, raw, opt_g, disc,
+                                    opt_d, ema, rank, Checkpoint)
+        else:
+            ray.train.report(metrics)
+        meter.restart_clock()  # why: images/s measures training, not the report/checkpoint just done
     return {"loss_curve": state.curve, "step": step}
+
+
+class _Position:
+    """The streaming pipeline's data position (epoch, batches of it consumed on this rank)."""
+
+    def __init__(self, epoch: int, batch_in_epoch: int) -> None:
+        self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
+
+
+def _batch_stream(shard, cfg: TrainConfig, device, data: dict, samples_done: int, position: _Position):
+    """Batches for the rest of the run. Indexed pipeline: one iterator over every remaining epoch; it starts at the
+    driver's offset, so after a rerun-resume nothing is skipped; only a worker-group restart inside one fit (the
+    pipeline was built before it) skips the samples consumed since, by count. Streaming: one pass per epoch."""
+    kwargs = {"batch_size": cfg.data.batch_size, "drop_last": True, "device": device}
+    if cfg.data.local_shuffle_buffer_size:
+        kwargs["local_shuffle_buffer_size"] = cfg.data.local_shuffle_buffer_size
+    world = world_size()
+    if data["indexed"]:
+        skip = max(0, samples_done - data["offset"]) // (cfg.data.batch_size * world)
+        for i, batch in enumerate(shard.iter_torch_batches(**kwargs)):
+            if i >= skip:
+                yield batch
+        return
+    skip = position.batch_in_epoch
+    while True:
+        position.batch_in_epoch = 0
+        for batch in shard.iter_torch_batches(**kwargs):
+            position.batch_in_epoch += 1
+            if position.batch_in_epoch > skip:
+                yield batch
+        skip = 0
+        position.epoch += 1
 
 
 def _report_with_checkpoint(metrics, state, step, epoch, batch_in_epoch, raw, opt_g, disc, opt_d, ema, rank,

@@ -90,7 +90,7 @@ def ensure_ray(include_dashboard: bool | None = None) -> None:
             ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=include_dashboard)
 
 
-def build_trainer(cfg: TrainConfig, dataset, progress=None):
+def build_trainer(cfg: TrainConfig, dataset, progress=None, data_info: dict | None = None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -99,7 +99,8 @@ def build_trainer(cfg: TrainConfig, dataset, progress=None):
     s = cfg.scaling
     return TorchTrainer(
         train_loop,
-        train_loop_config={"train": cfg.to_dict(), "progress": progress},
+        train_loop_config={"train": cfg.to_dict(), "progress": progress,
+                           "data": data_info or {"indexed": False, "offset": 0, "num_rows": None}},
         torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                      resources_per_worker={"CPU": s.cpus_per_worker},
@@ -118,12 +119,19 @@ def run_training(cfg: TrainConfig, show_progress: bool = True,
     snapshot on the driver (tests use it to kill a worker mid-run)."""
     import ray
 
-    from .data import build_dataset
+    from .checkpoint import read_position
+    from .data import build_train_data
 
+    cfg.check_local_files()  # a missing LPIPS / teacher file is a one-line error here, before any worker starts
     ensure_ray()
-    dataset = build_dataset(cfg.data, cfg.run.storage_dir)
+    # The data position of the run's latest checkpoint: the pipeline starts there (nothing is read and dropped).
+    pos = read_position(run_dir(cfg))
+    s = cfg.scaling.num_workers * cfg.data.batch_size
+    needed = (max(0, cfg.schedule.steps - pos["step"]) * cfg.optim.accum_steps + 1) * s
+    data = build_train_data(cfg.data, cfg.run.storage_dir, cfg.model.image_size, needed, offset=pos["samples"])
     progress = _progress_actor_cls().remote()
-    trainer = build_trainer(cfg, dataset, progress)
+    trainer = build_trainer(cfg, data.dataset, progress,
+                            {"indexed": data.indexed, "offset": data.offset, "num_rows": data.num_rows})
     box: dict = {}
 
     def fit() -> None:
@@ -161,6 +169,12 @@ def run_training(cfg: TrainConfig, show_progress: bool = True,
                     checkpoint_path=result.checkpoint.path if result.checkpoint else None, run_path=result.path,
                     loss_curve=ret.get("loss_curve", (result.metrics or {}).get("loss_curve", [])),
                     attempts=max(snap.attempts, 1))
+
+
+def run_dir(cfg: TrainConfig) -> str:
+    """Where Ray Train keeps this run (RunConfig(name, storage_path))."""
+    storage = cfg.run.storage_dir
+    return f"{storage.rstrip('/')}/{cfg.run.name}"
 
 
 def _progress_bar(total: int):
