@@ -58,8 +58,9 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         from tokenflow_ray.serve.images import ImageTokenizerDeployment, image_routes
 
         app_name = config.app_name
-        routers.append(image_routes(lambda: serve.get_deployment_handle(IMAGE_DEPLOYMENT, app_name)))
-        extra.append(ImageTokenizerDeployment.bind())  # bound so it is deployed with the app
+        routers.append(image_routes(lambda: serve.get_deployment_handle(IMAGE_DEPLOYMENT, app_name),
+                                    api_key=config.api_key))
+        extra.append(ImageTokenizerDeployment.bind(model_dir=config.tokenizer_dir))  # deployed with the app
     ingress = serve.deployment(make_ingress(routers), name="OpenAIIngress").options(
         max_ongoing_requests=config.ingress_max_ongoing,
         ray_actor_options={"num_cpus": 0},

@@ -14,7 +14,8 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenflow_ray.serve.local import init_ray
 
     overrides = {"model": args.model, "replicas": args.replicas, "policy": args.policy, "host": args.host,
-                 "port": args.port, "api_key": args.api_key, "router": args.router}
+                 "port": args.port, "api_key": args.api_key, "router": args.router,
+                 "tokenizer_dir": args.tokenizer}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
@@ -62,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--tokenizer", metavar="DIR", help="serve this trained image tokenizer (a `tokenflow tokenizer "
+                                                      "export` folder) on /v1/images/*")
     p.set_defaults(handler=_serve)
 
     d = sub.add_parser("demo", help="a burst of paced streaming clients over HTTP under each policy, compared")

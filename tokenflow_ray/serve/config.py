@@ -77,6 +77,7 @@ class ServeConfig:
     port: int = 8000
     central_namespace: str = "tokenflow"
     images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.images exists
+    tokenizer_dir: str | None = None  # a trained image tokenizer (save_pretrained / export dir); None: random tiny
     # How the LLMServer handle picks a replica for a new stream: "default" is Serve's power-of-two-choices on
     # queue length; "slack" is the buffer-slack router (serve/slack_router.py, cluster/routing.py). Replicas
     # publish their ReplicaStats to Serve every routing_stats_period_s under either router.
@@ -128,6 +129,9 @@ class ServeConfig:
                  and self.routing_stats_period_s > 0, "routing_stats_period_s: must be a finite number > 0")
         _require(0 <= self.port < 65536, "port: must be in [0, 65535]")
         _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.images is missing")
+        _require(self.tokenizer_dir is None or (Path(self.tokenizer_dir).expanduser() / "config.json").is_file(),
+                 f"tokenizer_dir: {self.tokenizer_dir} is not a saved tokenizer (no config.json)")
+        _require(self.tokenizer_dir is None or bool(self.images), "tokenizer_dir: needs images on")
         self.engine_config()  # engine-level validation now, not in a replica
 
     def admission(self) -> Admission:
