@@ -1,0 +1,53 @@
+"""Ray job entrypoint: the burst benchmark against the Serve app on the job's cluster; prints the demo's JSON.
+
+    ray start --head                       # or `ray up cluster.yaml`
+    serve deploy tokenflow_ray/serve/serve.yaml   # optional: the job deploys the app itself when none runs
+    ray job submit --working-dir . -- python jobs/serve_bench.py [--app tokenflow] [--config serve.yaml] \
+        [--streams 16] [--max-tokens 48] [--rate 16] [--burst-s 0.5] [--json PATH]
+
+The last line of the job's output is one JSON object: `policies: {<policy>: {ttft_p99_s, effective_tput, raw_tput,
+stall_s, ...}}` (design.md, `tokenflow demo`), plus the app, its URL and whether the job deployed it.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded working dir, if not pip-installed
+
+
+def main(argv: list[str]) -> int:
+    from tokenflow_ray.serve.cluster_bench import DEFAULT_CONFIG, BurstJobConfig, run_burst_job
+
+    p = argparse.ArgumentParser(prog="serve_bench.py", description=__doc__.splitlines()[0])
+    p.add_argument("--app", default="tokenflow")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="Serve config YAML, deployed if the app is absent")
+    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--rate", type=float, default=16.0)
+    p.add_argument("--burst-s", type=float, default=0.5)
+    p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--json", metavar="PATH", help="also write the JSON here")
+    a = p.parse_args(argv)
+    try:
+        cfg = BurstJobConfig(app=a.app, config=a.config, streams=a.streams, max_tokens=a.max_tokens, rate=a.rate,
+                             burst_s=a.burst_s, timeout_s=a.timeout_s)
+    except ValueError as exc:
+        print(f"serve_bench.py: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    ray.init()  # inside a job: the job's cluster (RAY_ADDRESS)
+    report = run_burst_job(cfg)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(report, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
