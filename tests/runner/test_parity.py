@@ -11,6 +11,7 @@ import torch
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.runner.cpu_kernels import compiler_available
 
 NEW_TOKENS = 24
 
@@ -39,9 +40,9 @@ def _hf_reference(model_dir, prompts, n=NEW_TOKENS):
     return refs
 
 
-def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16):
+def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16, fused=True):
     return LLMEngine.from_config(EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu"),
+        model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", fused_cpu_ops=fused),
         cache=CacheConfig(block_size=block_size, num_device_blocks=blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked)))
 
@@ -65,23 +66,27 @@ def _run(engine, prompts, join_at: dict[int, int] | None = None) -> list[list[in
     return [tokens[ids[i]] for i in range(len(prompts))]
 
 
+@pytest.mark.parametrize("ops", ["fused", "reference"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
 @pytest.mark.parametrize("mode", ["batched", "chunked_small_budget", "unchunked", "join_mid_batch",
                                   "preempt_recompute"])
-def test_greedy_matches_hf_generate(model, mode, request):
+def test_greedy_matches_hf_generate(model, mode, ops, request):
+    """`fused`: the C++ small ops (the default on CPU fp32); `reference`: one torch op per step of HF's math."""
     model_dir = request.getfixturevalue(model)
     prompts = _prompts()
     refs = _hf_reference_cached(str(model_dir), tuple(map(tuple, prompts)))
+    kw = dict(fused=ops == "fused")
     if mode == "batched":
-        engine, join = _engine(model_dir), None
+        engine, join = _engine(model_dir, **kw), None
     elif mode == "chunked_small_budget":
-        engine, join = _engine(model_dir, budget=16, block_size=8), None
+        engine, join = _engine(model_dir, budget=16, block_size=8, **kw), None
     elif mode == "unchunked":
-        engine, join = _engine(model_dir, budget=128, chunked=False), None
+        engine, join = _engine(model_dir, budget=128, chunked=False, **kw), None
     elif mode == "join_mid_batch":
-        engine, join = _engine(model_dir, budget=32), {2: 5, 3: 9, 4: 17}
+        engine, join = _engine(model_dir, budget=32, **kw), {2: 5, 3: 9, 4: 17}
     else:  # a pool too small for all streams at full length: recompute preemption must happen
-        engine, join = _engine(model_dir, blocks=14, block_size=8, budget=64), None
+        engine, join = _engine(model_dir, blocks=14, block_size=8, budget=64, **kw), None
+    assert engine.runner.fused_ops == (ops == "fused") or not compiler_available()
     assert _run(engine, prompts, join) == refs
 
 

@@ -26,6 +26,8 @@ class ModelConfig:
     # choice beside a copy thread: OpenMP teams of 2 stall at barriers whenever another thread takes a core.
     num_threads: int | None = None
     cpu_prepack: bool = True  # fp32 on CPU: pack linear weights for oneDNN once (faster decode GEMMs)
+    # fp32 on CPU: RMSNorm + residual, RoPE + KV write and SiLU·mul as fused C++ kernels (False: the reference ops)
+    fused_cpu_ops: bool = True
     # auto: flash-attn on CUDA, the compiled paged decode kernel on CPU fp32, SDPA otherwise; or name one.
     attention_backend: str = "auto"
 

@@ -7,7 +7,8 @@ shared by two streams or a stale block changes the output, exactly as it would c
 
 from __future__ import annotations
 
-from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan, StepResult
+from tokenflow_ray.engine.block_tables import BlockTables
+from tokenflow_ray.engine.plan import PENDING_TOKEN, ScheduledChunk, StepPlan, StepResult
 from tokenflow_ray.engine.runner_api import ModelInfo
 
 
@@ -25,6 +26,8 @@ class FakeRunner:
                               eos_token_ids=frozenset() if eos_token_id is None else frozenset({eos_token_id}),
                               kv_bytes_per_token=64)
         self.steps = 0
+        self.block_tables = BlockTables()  # rebuilt from the plans' diffs: every slot below goes through it
+        self._last_sampled: dict[str, int] = {}  # for decodes planned before their input token was sampled
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.steps += 1
@@ -34,10 +37,14 @@ class FakeRunner:
         for c in plan.swap_in:
             self.slots[c.device_block * bs:(c.device_block + 1) * bs] = self.host_slots[c.host_block * bs:(c.host_block + 1) * bs]
         sampled: dict[str, int] = {}
+        for sid in plan.finished:
+            self._last_sampled.pop(sid, None)
+        self.block_tables.apply(plan)
         for chunk in (*plan.decodes, *plan.prefills):
             self._write(chunk)
             if chunk.sample:
                 sampled[chunk.stream_id] = self.next_token(self._read(chunk, chunk.start_pos + len(chunk.token_ids)))
+        self._last_sampled.update(sampled)
         copies = len(plan.swap_out) + len(plan.write_through) + len(plan.swap_in)
         return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=self.step_cost_s if not plan.is_empty else 0,
                           copy_s=copies * self.copy_cost_s, copy_bytes=copies * self.info.kv_bytes_per_token * bs,
@@ -60,10 +67,13 @@ class FakeRunner:
         return h % self.vocab_size
 
     def _slot(self, chunk: ScheduledChunk, pos: int) -> int:
-        return chunk.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+        return self.block_tables.tables[chunk.stream_id][pos // self.block_size] * self.block_size + \
+            pos % self.block_size
 
     def _write(self, chunk: ScheduledChunk) -> None:
         for i, t in enumerate(chunk.token_ids):
+            if t == PENDING_TOKEN:
+                t = self._last_sampled[chunk.stream_id]
             self.slots[self._slot(chunk, chunk.start_pos + i)] = t
 
     def _read(self, chunk: ScheduledChunk, length: int) -> list[int]:

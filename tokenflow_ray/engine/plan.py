@@ -9,15 +9,26 @@ from dataclasses import dataclass, field
 
 from tokenflow_ray.engine.sampling import SamplingParams
 
+# A decode's input token that is not known when the step is planned: the token this stream's previous step
+# samples (overlapped scheduling plans step N+1 while step N runs). The runner substitutes it.
+PENDING_TOKEN = -1
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Feed token_ids at positions [start_pos, start_pos + len) of one stream, writing their KV into block_ids."""
+    """Feed token_ids at positions [start_pos, start_pos + len) of one stream, writing their KV into its blocks.
+
+    The runner keeps every scheduled stream's device block table (persistent step state, as in vLLM's persistent
+    batch); a chunk carries only the change: the blocks appended since the runner last saw the stream, starting at
+    table index `first_block`. first_block == 0 starts the table afresh (a new, resumed or recomputed stream).
+    The runner drops a table when its stream is in the plan's `finished` or `preempted`.
+    """
 
     stream_id: str
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # PENDING_TOKEN for a decode whose input is still being sampled
     start_pos: int
-    block_ids: tuple[int, ...]  # the stream's whole device block table after this step's allocation
+    new_blocks: tuple[int, ...]
+    first_block: int
     sample: bool  # the chunk reaches the stream's last token, so a next token is sampled
 
 

@@ -54,6 +54,8 @@ class Scheduler:
         self._finished_since_plan: list[str] = []
         self._preempted_since_plan: list[str] = []  # by preempt() between steps
         self._announced: set[str] = set()  # streams whose sampling params the runner already has
+        # Stream -> how many blocks of its current device table the runner holds: plans carry only the rest.
+        self._table_sent: dict[str, int] = {}
         self._step_ids = itertools.count()
 
     # ---- stream lifecycle -------------------------------------------------------------------------------------
@@ -80,6 +82,7 @@ class Scheduler:
             return None
         self.kv.release_device(stream)
         self.kv.release_host(stream)
+        self._table_sent.pop(stream_id, None)  # the runner drops the table with plan.finished
         stream.status = status
         now = max(now, stream.reader.first_token_time or now)
         stream.reader.finish(now)
@@ -352,11 +355,15 @@ class Scheduler:
 
     def _chunk(self, stream: Stream, n: int) -> ScheduledChunk:
         start = stream.num_computed_tokens
+        blocks = stream.block_ids
+        sent = self._table_sent.get(stream.stream_id, 0)
+        self._table_sent[stream.stream_id] = len(blocks)
         return ScheduledChunk(stream_id=stream.stream_id, token_ids=stream.token_ids(start, start + n),
-                              start_pos=start, block_ids=tuple(stream.block_ids),
-                              sample=start + n == stream.num_tokens)
+                              start_pos=start, new_blocks=tuple(blocks[sent:]) if len(blocks) > sent else (),
+                              first_block=sent, sample=start + n == stream.num_tokens)
 
     def _preempt(self, stream: Stream, view: SchedulerView) -> None:
+        self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)
         swapped = self.kv.swap_out(stream) if self.policy.uses_host_store else None
         if swapped is not None:
             self._swap_blocks[stream.stream_id] = swapped

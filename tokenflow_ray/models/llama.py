@@ -4,6 +4,10 @@ Own modules rather than transformers' so that one forward takes every scheduled 
 ([T, hidden]: decode tokens and prefill chunks together), writes KV straight into the paged pool and fuses QKV and
 gate/up projections; the engine benchmark shows the gain. Weights load from the HF checkpoint unchanged in meaning
 (see `load_weights`), and greedy outputs match HF `generate` token for token (tests/runner/test_parity.py).
+
+Two forwards compute the same thing: the reference, one torch op per step of HF's arithmetic, and the fused one
+(CPU float32 with `runner/csrc/fused_ops.cpp` built): RMSNorm with the residual add, RoPE with the KV write, and
+SiLU·mul each one kernel, the residual stream carried in place between layers (as in vLLM).
 """
 
 from __future__ import annotations
@@ -45,6 +49,23 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up(h_TH).chunk(2, dim=-1)
         return x_TH + self.down(F.silu(gate) * up)
 
+    def forward_fused(self, delta_TH: torch.Tensor, residual_TH: torch.Tensor, positions_T: torch.Tensor,
+                      rope_cos: torch.Tensor, rope_sin: torch.Tensor, kv_cache: torch.Tensor,
+                      attn: AttentionMetadata, backend: AttentionBackend, ops) -> torch.Tensor:
+        """residual += delta (the previous layer's MLP output; empty for the first layer), in place; returns this
+        layer's MLP output, which the next layer (or the final norm) adds."""
+        h_TH = ops.add_rms_norm_(delta_TH, residual_TH, self.input_norm, self.eps)
+        qkv = self.qkv(h_TH)
+        T = qkv.shape[0]
+        ops.rope_write_kv_(qkv, positions_T, rope_cos, rope_sin, kv_cache[0], kv_cache[1], attn.slot_mapping,
+                           self.heads, self.kv_heads, self.head_dim)
+        q_THD = qkv[:, :self.q_size].view(T, self.heads, self.head_dim)
+        k_THD = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.kv_heads, self.head_dim)
+        v_THD = qkv[:, self.q_size + self.kv_size:].view(T, self.kv_heads, self.head_dim)
+        out = backend.forward(q_THD, k_THD, v_THD, kv_cache[0], kv_cache[1], attn)
+        h_TH = ops.add_rms_norm_(self.o(out), residual_TH, self.post_norm, self.eps)
+        return self.down(ops.silu_mul(self.gate_up(h_TH)))
+
 
 def _rope(x_TND: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
     """HF's rotate-half rotary embedding, applied to q and k heads together (same arithmetic, half the ops)."""
@@ -69,6 +90,16 @@ class LlamaForPagedLM(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.fused_ops = None  # the compiled kernels module when `use_fused_cpu_ops` found it
+
+    def use_fused_cpu_ops(self) -> bool:
+        """Switch to the fused forward (CPU float32 only) if its kernels build; returns whether it is on."""
+        from tokenflow_ray.runner.cpu_kernels import load_fused_ops
+
+        if self.embed.weight.device.type != "cpu" or self.embed.weight.dtype != torch.float32:
+            return False
+        self.fused_ops = load_fused_ops()
+        return self.fused_ops is not None
 
     def build_rope_tables(self, max_positions: int, device: torch.device) -> None:
         """cos/sin for every position, computed as HF's rotary embedding does (init function, float32, scaling)."""
@@ -95,6 +126,16 @@ class LlamaForPagedLM(nn.Module):
                 attn: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm. kv_caches: [layers, 2, blocks, block_size, kv_heads, D]."""
         x_TH = self.embed(input_ids_T)
+        ops = self.fused_ops
+        if ops is not None:
+            # Written in place by the layers' fused norms (the embedding output is a fresh tensor); the KV of
+            # the step is written by the fused RoPE, so the attention backends skip their own write.
+            attn.kv_written = True
+            delta = x_TH.new_empty(0)
+            for i, layer in enumerate(self.layers):
+                delta = layer.forward_fused(delta, x_TH, positions_T, self.rope_cos, self.rope_sin, kv_caches[i],
+                                            attn, backend, ops)
+            return ops.add_rms_norm_(delta, x_TH, self.norm, self.config.rms_norm_eps)
         cos_TD, sin_TD = self.rope_cos[positions_T], self.rope_sin[positions_T]
         for i, layer in enumerate(self.layers):
             x_TH = layer(x_TH, cos_TD, sin_TD, kv_caches[i], attn, backend)

@@ -40,6 +40,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # [D, 1, 1, max_blocks * block_size] bool (SDPA only)
     prefills: list[PrefillSpan]
     scale: float
+    kv_written: bool = False  # the model already wrote the step's K/V into the pool (fused RoPE + KV write)
 
 
 class AttentionBackend(Protocol):
@@ -50,8 +51,11 @@ class AttentionBackend(Protocol):
 
 
 def write_kv(k_THD: torch.Tensor, v_THD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             meta: AttentionMetadata) -> None:
     """k_cache/v_cache: [blocks, block_size, kv_heads, head_dim]; flattened, a slot is one row."""
+    if meta.kv_written:
+        return
+    slot_mapping = meta.slot_mapping
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k_THD)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v_THD)
 
@@ -60,7 +64,7 @@ class SdpaPagedAttention:
     name = "sdpa"
 
     def forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k_THD, v_THD, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k_THD, v_THD, k_cache, v_cache, meta)
         T, H, Dh = q_THD.shape
         kvh = k_cache.shape[2]
         out_THD = torch.empty_like(q_THD)
@@ -107,8 +111,11 @@ class CpuPagedAttention(SdpaPagedAttention):
         D = meta.num_decodes
         if not D:
             return super().forward(q_THD, k_THD, v_THD, k_cache, v_cache, meta)
-        write_kv(k_THD, v_THD, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k_THD, v_THD, k_cache, v_cache, meta)
         T, H, Dh = q_THD.shape
+        if not meta.prefills:  # a decode-only step: the kernel's output is the whole result
+            return self._kernel.paged_decode_attention(q_THD, k_cache, v_cache, meta.decode_block_tables,
+                                                       meta.decode_seq_lens, meta.scale).view(T, H * Dh)
         out_THD = torch.empty_like(q_THD)
         out_THD[:D] = self._kernel.paged_decode_attention(q_THD[:D], k_cache, v_cache, meta.decode_block_tables,
                                                           meta.decode_seq_lens, meta.scale)
@@ -134,7 +141,7 @@ class FlashPagedAttention:
         self._fn = flash_attn_with_kvcache
 
     def forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k_THD, v_THD, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k_THD, v_THD, k_cache, v_cache, meta)
         T, H, Dh = q_THD.shape
         out_THD = torch.empty_like(q_THD)
         D = meta.num_decodes

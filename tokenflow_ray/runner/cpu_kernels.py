@@ -1,4 +1,4 @@
-"""The CPU decode-attention kernel (csrc/paged_decode_attention.cpp), built once per machine and cached.
+"""The CPU kernels (csrc/: paged decode attention, fused small ops), each built once per machine and cached.
 
 torch's C++ extension loader compiles it on first use (about a minute on 2 cores) into its extensions folder
 ($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), and later processes (Serve replicas, tests) load the
@@ -17,7 +17,9 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "paged_decode_attention.cpp"
+FUSED_SOURCE = CSRC / "fused_ops.cpp"
 
 
 def _cpu_tag() -> str:
@@ -30,20 +32,41 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def _source_tag() -> str:
+    """Hash of every file in csrc/: the loader rebuilds when a source changes, but not when a header it includes
+    does, so the sources are part of the name."""
+    h = hashlib.sha1()
+    for f in sorted(CSRC.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:8]
+
+
 def compiler_available() -> bool:
     return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
-@functools.cache  # one build per process; the extension loader itself caches across processes
-def load_paged_decode_attention() -> ModuleType | None:
+def _build(name: str, source: Path, what: str, extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
     if not compiler_available():
-        log.warning("no C++ compiler: CPU decode attention uses gather + SDPA (slower)")
+        log.warning("no C++ compiler: %s falls back to torch ops (slower)", what)
         return None
     from torch.utils.cpp_extension import load
 
     try:
-        return load(name=f"tokenflow_paged_decode_attention_{_cpu_tag()}", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        return load(name=f"{name}_{_cpu_tag()}_{_source_tag()}", sources=[str(source)],
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_cflags], extra_ldflags=["-fopenmp"],
+                    verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:  # a failed build must not take the engine down
-        log.warning("building the CPU decode-attention kernel failed (%s); using gather + SDPA", exc)
+        log.warning("building the CPU kernel for %s failed (%s); falling back to torch ops", what, exc)
         return None
+
+
+@functools.cache  # one build per process; the extension loader itself caches across processes
+def load_paged_decode_attention() -> ModuleType | None:
+    return _build("tokenflow_paged_decode_attention", SOURCE, "decode attention (gather + SDPA)")
+
+
+@functools.cache
+def load_fused_ops() -> ModuleType | None:
+    """RMSNorm + residual, SiLU·mul, RoPE + KV write (csrc/fused_ops.cpp). -ffp-contract=off: products and sums
+    round as the reference's separate kernels do."""
+    return _build("tokenflow_fused_ops", FUSED_SOURCE, "the fused small ops", ("-ffp-contract=off",))

@@ -13,9 +13,10 @@ from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.models.llama import LlamaForPagedLM
 from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
-from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan, select_backend
+from tokenflow_ray.runner.attention import select_backend
 from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.sampler import sample
+from tokenflow_ray.runner.step_state import PersistentBatch
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class TorchModelRunner:
             self.model.prepack_for_cpu()
         max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
         self.model.build_rope_tables(max_len, self.device)
+        self.fused_ops = bool(mc.fused_cpu_ops) and self.model.use_fused_cpu_ops()
         self.block_size = cc.block_size
         L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
         # One tensor for the whole pool: [layers, K/V, blocks, block_size, kv_heads, head_dim]. A block's KV for
@@ -65,6 +67,10 @@ class TorchModelRunner:
                                     device=self.device)
         self.backend = select_backend(self.device, cc.block_size, attention_backend or mc.attention_backend,
                                       self.dtype)
+        self.batch = PersistentBatch(config.scheduler.max_num_seqs + 8,
+                                     min(-(-max_len // cc.block_size), cc.num_device_blocks), cc.block_size,
+                                     self.device, torch.int32 if self.backend.name == "flash" else torch.long,
+                                     sdpa_mask=self.backend.name == "sdpa")
         self.transfer = KVTransfer(self.kv_cache, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
         self.scale = hd ** -0.5
         self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
@@ -86,6 +92,7 @@ class TorchModelRunner:
             self._params[sid] = params
             if params.seed is not None:  # a seeded stream samples the same tokens whatever else is batched
                 self._generators[sid] = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.batch.apply(plan)
         copies = self.transfer.launch(plan) if plan.has_copies and self.transfer is not None else None
         sampled = self._forward(plan) if plan.decodes or plan.prefills else {}
         compute_s = time.perf_counter() - t0
@@ -98,57 +105,19 @@ class TorchModelRunner:
                           step_s=time.perf_counter() - t0)
 
     def _forward(self, plan: StepPlan) -> dict[str, int]:
-        chunks = (*plan.decodes, *plan.prefills)
-        bs = self.block_size
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        sample_ids: list[str] = []
-        for c in chunks:
-            start = len(tokens)
-            tokens.extend(c.token_ids)
-            pos = range(c.start_pos, c.start_pos + len(c.token_ids))
-            positions.extend(pos)
-            table = c.block_ids
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
-            if c.sample:
-                sample_rows.append(start + len(c.token_ids) - 1)
-                sample_ids.append(c.stream_id)
-        dev = self.device
-        meta = self._metadata(plan, torch.tensor(slots, dtype=torch.long, device=dev))
-        hidden = self.model(torch.tensor(tokens, dtype=torch.long, device=dev),
-                            torch.tensor(positions, dtype=torch.long, device=dev), self.kv_cache, meta,
-                            self.backend)
+        step = self.batch.inputs(plan, self.scale)
+        hidden = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend)
         sampled: dict[str, int] = {}
-        if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-            params = [self._params[s] for s in sample_ids]
-            gens = [self._generators.get(s, self._default_gen) for s in sample_ids]
-            sampled = dict(zip(sample_ids, sample(logits, params, gens)))
+        if step.sample_rows:
+            rows = step.sample_rows
+            # A decode-only step samples every row: no gather of the hidden states.
+            h = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
+            logits = self.model.compute_logits(h)
+            params = [self._params[s] for s in step.sample_ids]
+            gens = [self._generators.get(s, self._default_gen) for s in step.sample_ids]
+            sampled = dict(zip(step.sample_ids, sample(logits, params, gens)))
+            self.batch.last_sampled.update(sampled)
         return sampled
-
-    def _metadata(self, plan: StepPlan, slot_mapping: torch.Tensor) -> AttentionMetadata:
-        dev, bs = self.device, self.block_size
-        table_dtype = torch.int32 if self.backend.name == "flash" else torch.long
-        D = len(plan.decodes)
-        tables = lens = mask = None
-        if D:
-            width = max(len(c.block_ids) for c in plan.decodes)
-            tables = torch.tensor([list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in plan.decodes],
-                                  dtype=table_dtype, device=dev)
-            lens = torch.tensor([c.start_pos + 1 for c in plan.decodes], dtype=torch.int32, device=dev)
-            if self.backend.name == "sdpa":  # the paged kernels read seq_lens instead
-                mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None]).view(D, 1, 1, width * bs)
-        spans = []
-        offset = D
-        for c in plan.prefills:
-            n = len(c.token_ids)
-            spans.append(PrefillSpan(offset, offset + n, c.start_pos,
-                                     torch.tensor(c.block_ids, dtype=table_dtype, device=dev)))
-            offset += n
-        return AttentionMetadata(slot_mapping=slot_mapping, num_decodes=D, decode_block_tables=tables,
-                                 decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=self.scale)
 
 
 def _eos_ids(hf_config, tokenizer, model_dir) -> frozenset[int]:

@@ -14,7 +14,11 @@
 #include <limits>
 #include <vector>
 
+#include "vec_exp.h"
+
 namespace {
+
+using namespace tokenflow;
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float sum = 0.f;
@@ -27,18 +31,6 @@ inline void axpy(float* __restrict y, const float* __restrict x, float a, int64_
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
-
-// 16-float vectors (GCC/Clang vector extensions: AVX-512 with -march=native where the CPU has it, narrower SIMD
-// otherwise). Rows are hd floats, hd a multiple of 16 on the fast path.
-typedef float v16 __attribute__((vector_size(64)));
-
-inline v16 load16(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline float hsum16(v16 v) {
   float s = 0.f;
@@ -69,26 +61,6 @@ inline void pv_v(float* acc, float correction, const float* p, const float* v, i
     for (int c = 0; c < C; ++c) a[c] += p[t] * load16(vr + 16 * c);
   }
   for (int c = 0; c < C; ++c) store16(acc + 16 * c, a[c]);
-}
-
-// exp(x) for x <= 0 over an array, in a loop the compiler vectorizes (Cephes' expf polynomial, ~1 ulp);
-// std::exp is a scalar libm call per score, which costs more than the dot products themselves.
-inline void exp_nonpositive_(float* __restrict x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = std::max(x[i], -87.0f);
-    const float k = std::floor(v * 1.44269504088896341f + 0.5f);
-    const float r = v - k * 0.693359375f + k * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    x[i] = p * __builtin_bit_cast(float, bits);
-  }
 }
 
 inline void scale_(float* __restrict y, float a, int64_t n) {
@@ -152,7 +124,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
             l[qh] *= correction;
             m[qh] = mb;
             for (int64_t t = 0; t < n; ++t) sg[t] -= mb;
-            exp_nonpositive_(sg, n);
+            exp_inplace(sg, n);  // vectorized: a scalar exp per score cost more than the dot products
             for (int64_t t = 0; t < n; ++t) l[qh] += sg[t];
             float* a = acc.data() + qh * hd;
             if (hd == 64) {

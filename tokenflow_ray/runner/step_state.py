@@ -1,0 +1,145 @@
+"""Persistent step state of the torch runner: every scheduled stream's block table in one preallocated tensor,
+updated by the plans' diffs, and a step's attention metadata built from it with a handful of tensor ops.
+
+As in vLLM's persistent batch, nothing is rebuilt from Python lists of whole tables: a stream joining gets a row,
+a new block is one element written, a stream leaving frees its row. Per step the decode metadata is
+`tables[rows, :width]` plus arithmetic on the positions; the only per-stream Python is reading each chunk's row and
+position into two small lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenflow_ray.engine.plan import PENDING_TOKEN, StepPlan
+from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+
+
+@dataclass
+class StepInputs:
+    """Everything one forward needs, on the runner's device."""
+
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    meta: AttentionMetadata
+    sample_rows: list[int]  # rows of the flat batch whose next token is sampled
+    sample_ids: list[str]  # their streams
+
+
+class PersistentBatch:
+    def __init__(self, max_rows: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
+                 table_dtype: torch.dtype = torch.long, sdpa_mask: bool = False) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.table_dtype = table_dtype
+        self.sdpa_mask = sdpa_mask  # the SDPA backend wants a [D, 1, 1, L] mask; the paged kernels read seq_lens
+        self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=table_dtype, device=device)
+        self.num_blocks: list[int] = [0] * max_rows  # blocks held per row (host-side, for widths and checks)
+        self.row_of: dict[str, int] = {}
+        self._free_rows = list(range(max_rows - 1, -1, -1))
+        self.last_sampled: dict[str, int] = {}  # each stream's latest sampled token (for PENDING_TOKEN inputs)
+
+    # ---- diffs --------------------------------------------------------------------------------------------------
+    def apply(self, plan: StepPlan) -> None:
+        """Leavers first (their rows may be reused by this plan's joiners), then each chunk's new blocks."""
+        for sid in plan.finished:
+            self.last_sampled.pop(sid, None)
+            self._drop(sid)
+        for sid in plan.preempted:
+            self._drop(sid)
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[int] = []
+        for c in (*plan.decodes, *plan.prefills):
+            if c.first_block == 0:
+                self._drop(c.stream_id)
+                row = self.row_of[c.stream_id] = self._take_row()
+            else:
+                row = self.row_of.get(c.stream_id)
+                if row is None or self.num_blocks[row] != c.first_block:
+                    raise RuntimeError(f"{c.stream_id}: block-table diff starts at {c.first_block}, the runner holds "
+                                       f"{None if row is None else self.num_blocks[row]} blocks")
+            n = len(c.new_blocks)
+            if n:
+                first = c.first_block
+                if first + n > self.tables.shape[1]:
+                    raise RuntimeError(f"{c.stream_id}: block table outgrows {self.tables.shape[1]} blocks")
+                rows.extend([row] * n)
+                cols.extend(range(first, first + n))
+                vals.extend(c.new_blocks)
+                self.num_blocks[row] = first + n
+        if rows:  # one scatter for the whole step's new blocks
+            idx = torch.tensor([rows, cols], dtype=torch.long, device=self.device)
+            self.tables[idx[0], idx[1]] = torch.tensor(vals, dtype=self.table_dtype, device=self.device)
+
+    def _drop(self, sid: str) -> None:
+        row = self.row_of.pop(sid, None)
+        if row is not None:
+            self.num_blocks[row] = 0
+            self._free_rows.append(row)
+
+    def _take_row(self) -> int:
+        if not self._free_rows:  # more live streams than planned for: grow (rare; keeps any batch correct)
+            old = self.tables.shape[0]
+            self.tables = torch.cat([self.tables, torch.zeros_like(self.tables)])
+            self.num_blocks.extend([0] * old)
+            self._free_rows = list(range(2 * old - 1, old - 1, -1))
+        return self._free_rows.pop()
+
+    def table(self, sid: str) -> list[int]:
+        row = self.row_of[sid]
+        return self.tables[row, :self.num_blocks[row]].tolist()
+
+    # ---- one step's inputs -------------------------------------------------------------------------------------
+    def inputs(self, plan: StepPlan, scale: float) -> StepInputs:
+        dev, bs = self.device, self.block_size
+        decodes = plan.decodes
+        D = len(decodes)
+        tokens: list[int] = []
+        sample_rows: list[int] = []
+        sample_ids: list[str] = []
+        last = self.last_sampled
+        tables = lens = mask = None
+        slots = []
+        pos_parts = []
+        if D:
+            rows = [self.row_of[c.stream_id] for c in decodes]
+            pos = [c.start_pos for c in decodes]
+            for i, c in enumerate(decodes):
+                t = c.token_ids[0]
+                tokens.append(last[c.stream_id] if t == PENDING_TOKEN else t)
+                if c.sample:
+                    sample_rows.append(i)
+                    sample_ids.append(c.stream_id)
+            rp = torch.tensor([rows, pos], dtype=torch.long, device=dev)
+            pos_t = rp[1]
+            width = max(pos) // bs + 1
+            tables = self.tables[:, :width].index_select(0, rp[0])  # [D, width], contiguous
+            lens = (pos_t + 1).to(torch.int32)
+            slots.append(tables.gather(1, (pos_t // bs)[:, None]).squeeze(1).long() * bs + pos_t % bs)
+            pos_parts.append(pos_t)
+            if self.sdpa_mask:
+                mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None]).view(D, 1, 1, width * bs)
+        spans = []
+        offset = D
+        for c in plan.prefills:
+            n = len(c.token_ids)
+            row = self.row_of[c.stream_id]
+            table = self.tables[row, :self.num_blocks[row]]
+            p = torch.arange(c.start_pos, c.start_pos + n, device=dev)
+            slots.append(table[p // bs].long() * bs + p % bs)
+            pos_parts.append(p)
+            spans.append(PrefillSpan(offset, offset + n, c.start_pos, table))
+            tokens.extend(last[c.stream_id] if t == PENDING_TOKEN else t for t in c.token_ids)
+            if c.sample:
+                sample_rows.append(offset + n - 1)
+                sample_ids.append(c.stream_id)
+            offset += n
+        positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
+        slot_mapping = slots[0] if len(slots) == 1 else torch.cat(slots)
+        meta = AttentionMetadata(slot_mapping=slot_mapping, num_decodes=D, decode_block_tables=tables,
+                                 decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=scale)
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+        return StepInputs(input_ids, positions, meta, sample_rows, sample_ids)
