@@ -17,6 +17,7 @@ _COMMAND_MODULES: tuple[tuple[str | None, str], ...] = (
     ("bench", "tokenflow_ray.bench.cli"),
     (None, "tokenflow_ray.serve.cli"),
     ("tokenizer", "tokenflow_ray.tokenizer.cli"),
+    (None, "tokenflow_ray.sim.cli"),
 )
 
 _GROUP_HELP = {

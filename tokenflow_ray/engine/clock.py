@@ -29,3 +29,10 @@ class VirtualClock:
             raise ValueError("VirtualClock: cannot go backwards")
         self._t += dt
         return self._t
+
+    def advance_to(self, t: float) -> float:
+        """Jump to time t (the simulator's next event); t before now is an error, t == now a no-op."""
+        if t < self._t:
+            raise ValueError(f"VirtualClock: cannot go backwards ({t} < {self._t})")
+        self._t = t
+        return self._t

@@ -1,0 +1,151 @@
+"""`tokenflow simulate ...`: the discrete-event simulator (the engine's scheduler on a GPU cost model).
+
+    tokenflow simulate --gpu h200 --model llama3-8b --setup a --policy tokenflow,fcfs --replicas 1 --json P
+    tokenflow simulate --table --json P         setups a-d on the 4090 and H200 profiles (the reproduction table)
+    tokenflow simulate --sweep rate|mu|delta_t  the rate sweep 20/25/30 tok/s, μ in {1, 20}, Δt in {0.5, 1, 1.5}
+    tokenflow simulate --ablation               Table 2 (4090, setup b)
+    tokenflow simulate validate --json P        the real CPU engine against the calibrated simulator
+    tokenflow simulate scale --streams 10000 --replicas 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _progress_factory(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    def make(label: str):
+        bar: list = []
+
+        def update(done: int, total: int) -> None:
+            if not bar:
+                bar.append(tqdm(total=total, desc=label, unit="stream", leave=False))
+            bar[0].n = done
+            bar[0].refresh()
+            if done >= total:
+                bar[0].close()
+
+        return update
+
+    return make
+
+
+def _print_policies(policies: dict) -> None:
+    print(f"{'policy':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'effective':>10} {'raw':>8} {'stall':>9} "
+          f"{'preempt':>8} {'done (s)':>9}")
+    for name, s in policies.items():
+        print(f"{name:>10} {s['ttft_p50_s']:9.2f} {s['ttft_p99_s']:9.2f} {s['effective_tput']:10.1f} "
+              f"{s['raw_tput']:8.1f} {s['stall_s']:9.1f} {s['preemptions']:8d} {s['completion_s']:9.1f}")
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.engine.policies import POLICY_NAMES
+    from tokenflow_ray.sim import experiments
+
+    if args.action == "validate":
+        return _validate(args)
+    if args.action == "scale":
+        return _scale(args)
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    if unknown := set(policies) - set(POLICY_NAMES):
+        raise ValueError(f"--policy: unknown {sorted(unknown)}; choose from {', '.join(POLICY_NAMES)}")
+    progress = _progress_factory(not args.no_progress)
+    # Table 2 is the 4090's setup (b); everything else defaults to the H200 and setup (a).
+    args.gpu = args.gpu or ("4090" if args.ablation else "h200")
+    args.setup = args.setup or ("b" if args.ablation else "a")
+    if args.table:
+        out = experiments.reproduction(model=args.model, seed=args.seed, progress=progress)
+        print(out["table_markdown"])
+    elif args.sweep == "rate":
+        out = experiments.rate_sweep(args.gpu, args.model, args.setup, seed=args.seed, replicas=args.replicas)
+        for rate, row in out["rates"].items():
+            print(f"rate {rate}: tokenflow/fcfs {row['ours'].get('vs_fcfs')} (paper effective "
+                  f"{row['paper_effective_vs_fcfs']})")
+    elif args.sweep in ("mu", "delta_t"):
+        values = (1.0, 2.0, 20.0) if args.sweep == "mu" else (0.5, 1.0, 1.5)
+        out = experiments.knob_sweep(args.gpu, args.model, args.setup, args.sweep, values, seed=args.seed)
+        for v, row in out["values"].items():
+            print(f"{args.sweep}={v}: tokenflow/fcfs {row['vs_fcfs']}")
+    elif args.ablation:
+        out = experiments.ablation(args.gpu, args.model, args.setup, seed=args.seed)
+        for v, row in out["variants"].items():
+            print(f"{v:>17}: completion {row['completion_s']:8.1f} s ({out['completion_vs_tokenflow'][v]:.2f}x; "
+                  f"paper {out['paper_completion_vs_tokenflow'][v]:.2f}x)")
+    else:
+        out = experiments.run_setup(args.gpu, args.model, args.setup, policies, replicas=args.replicas,
+                                    router=args.router, seed=args.seed, rate=args.rate, num_requests=args.requests,
+                                    checks=not args.no_checks, progress=progress)
+        print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{args.replicas}")
+        _print_policies(out["policies"])
+        print("ours:", out["ours"])
+        print("paper:", out["paper"])
+        if args.plots:
+            from tokenflow_ray.sim.plots import plot_policies
+
+            plot_policies(out, args.plots)
+    write_json(args.json, out)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.sim.validate import ValidateConfig, print_validation, run_validation
+
+    cfg = ValidateConfig(num_streams=args.streams or 40, seed=args.seed)
+    out = run_validation(cfg, progress=print)
+    print_validation(out)
+    write_json(args.json, out)
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.sim.scale import run_scale
+
+    streams = args.streams or 10_000
+    replicas = args.replicas if args.replicas > 1 else 64
+    t = time.perf_counter()
+    out = run_scale(streams, replicas, gpu=args.gpu or "h200", model=args.model, policy=args.policy.split(",")[-1],
+                    router=args.router, seed=args.seed, checks=not args.no_checks)
+    out["wall_s_total"] = time.perf_counter() - t
+    print(f"{streams} streams over {replicas} replicas: {out['wall_s']:.1f} s wall, {out['steps']} steps, "
+          f"{out['sim_end_s']:.1f} s simulated; effective {out['summary']['effective_tput']:.0f} tok/s, "
+          f"P99 TTFT {out['summary']['ttft_p99_s']:.2f} s")
+    write_json(args.json, out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from tokenflow_ray.sim.hardware import GPU_NAMES, MODEL_NAMES
+    from tokenflow_ray.sim.setups import DEFAULT_RATE, SETUP_NAMES
+    from tokenflow_ray.sim.simulator import ROUTERS
+
+    p = sub.add_parser("simulate", help="discrete-event simulator: the real scheduler on a GPU cost model",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", nargs="?", default="run", choices=("run", "validate", "scale"),
+                   help="run (default): a setup; validate: CPU engine vs calibrated sim; scale: a large cluster")
+    p.add_argument("--gpu", default=None, choices=GPU_NAMES, help="default h200 (4090 with --ablation)")
+    p.add_argument("--model", default="llama3-8b", choices=MODEL_NAMES)
+    p.add_argument("--setup", default=None, choices=SETUP_NAMES,
+                   help="Table 1 setup (serving-paper.md §5); default a (b with --ablation)")
+    p.add_argument("--policy", default="fcfs,andes,tokenflow", help="comma-separated policies")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--router", default="slack", choices=ROUTERS, help="with --replicas > 1")
+    p.add_argument("--requests", type=int, default=None, help="override the setup's request count")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE, help="reader rate, tok/s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--table", action="store_true", help="setups a-d on the 4090 and H200 profiles")
+    p.add_argument("--sweep", choices=("rate", "mu", "delta_t"), default=None)
+    p.add_argument("--ablation", action="store_true", help="Table 2 variants (default 4090, setup b)")
+    p.add_argument("--streams", type=int, default=None, help="validate: streams per regime (40); scale: streams")
+    p.add_argument("--no-checks", action="store_true", help="skip the per-step conservation checks")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plots", default=None, help="directory for PNG plots")
+    p.set_defaults(handler=_simulate)

@@ -1,0 +1,154 @@
+"""Simulated experiments on a GPU profile: one Table 1 setup under each policy, the rate sweep, μ, Δt and the
+Table 2 ablation; every figure is `tokenflow_ray.metrics.summarize` over the engine's own stream records.
+
+The JSON follows design.md: `setup`, `policies: {name: {ttft_p50_s, ttft_p99_s, effective_tput, raw_tput, stall_s,
+preemptions, ...}}`, `paper: {...}` with our ratios beside the paper's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+
+from tokenflow_ray.bench.policy_bench import ABLATIONS, policy_ratios
+from tokenflow_ray.bench.workloads import RequestSpec
+from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
+from tokenflow_ray.metrics import summarize
+from tokenflow_ray.sim.hardware import deployment
+from tokenflow_ray.sim.setups import (
+    DEFAULT_RATE,
+    PAPER,
+    PaperSetup,
+    gpu_replica_setup,
+    paper_figures,
+    paper_setup,
+    setup_requests,
+)
+from tokenflow_ray.sim.simulator import SimOutcome, Simulation
+
+Progress = Callable[[int, int], None] | None
+
+
+def summarize_outcome(outcome: SimOutcome) -> dict:
+    engines = [r.engine for r in outcome.replicas]
+    to_host = sum(e.scheduler.bytes_to_host for e in engines)
+    from_host = sum(e.scheduler.bytes_from_host for e in engines)
+    summary = summarize(outcome.records, bytes_to_host=to_host, bytes_from_host=from_host).to_dict()
+    completion = max((r.token_times[-1] for r in outcome.records if r.token_times), default=0.0)
+    # No wall-clock figure here: a seed's JSON must be identical run to run (the scale command times runs).
+    summary.update(completion_s=completion, steps=outcome.steps, per_replica_streams=outcome.per_replica_streams)
+    return summary
+
+
+def simulate_policy(gpu: str, model: str, policy: str, requests: Sequence[RequestSpec], replicas: int = 1,
+                    router: str = "slack", tokenflow: TokenFlowConfig | None = None,
+                    cache_overrides: dict | None = None, checks: bool = True, integrity: bool = False,
+                    seed: int = 0, progress: Progress = None) -> dict:
+    setup = gpu_replica_setup(gpu, model, policy, tokenflow, cache_overrides, num_requests=len(requests))
+    sim = Simulation(setup, num_replicas=replicas, router=router, checks=checks, integrity=integrity, seed=seed)
+    return summarize_outcome(sim.run(requests, progress=progress))
+
+
+def ratios(results: dict) -> dict:
+    out = {}
+    if "tokenflow" in results and "fcfs" in results:
+        out["vs_fcfs"] = policy_ratios(results["tokenflow"], results["fcfs"])
+    if "tokenflow" in results and "andes" in results:
+        out["vs_andes"] = policy_ratios(results["tokenflow"], results["andes"])
+    return out
+
+
+def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_NAMES, replicas: int = 1,
+              router: str = "slack", seed: int = 0, rate: float = DEFAULT_RATE, num_requests: int | None = None,
+              tokenflow: TokenFlowConfig | None = None, checks: bool = True,
+              progress: Callable[[str], Progress] | None = None) -> dict:
+    setup = paper_setup(gpu, name)
+    dep = deployment(gpu, model)
+    requests = setup_requests(setup, seed=seed, rate=rate, num_requests=num_requests,
+                              max_total=dep.model.max_model_len)
+    results = {}
+    for policy in policies:
+        bar = progress(policy) if progress is not None else None
+        results[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
+                                          checks=checks, seed=seed, progress=bar)
+    return {"setup": setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
+            "policies": results, "ours": ratios(results), "paper": paper_figures(setup)}
+
+
+def setup_dict(setup: PaperSetup, gpu: str, model: str, requests: Sequence[RequestSpec], replicas: int,
+               router: str, rate: float, seed: int) -> dict:
+    dep = deployment(gpu, model)
+    return {"name": setup.name, "describe": setup.describe(), **asdict(setup), "model": model,
+            "deployment": dep.name, "tp": dep.tp, "kv_pool_tokens": dep.kv_pool_tokens, "replicas": replicas,
+            "router": router if replicas > 1 else None, "rate": rate, "seed": seed, "num_requests": len(requests),
+            "sum_rate": sum(r.rate for r in requests),
+            "mean_prompt": sum(r.prompt_len for r in requests) / len(requests),
+            "mean_output": sum(r.output_len for r in requests) / len(requests)}
+
+
+def rate_sweep(gpu: str, model: str, name: str = "a", rates: Sequence[float] = (20.0, 25.0, 30.0),
+               seed: int = 0, replicas: int = 1) -> dict:
+    rows = {}
+    for rate in rates:
+        r = run_setup(gpu, model, name, ("fcfs", "tokenflow"), replicas=replicas, seed=seed, rate=rate)
+        rows[str(rate)] = {"policies": r["policies"], "ours": r["ours"],
+                           "paper_effective_vs_fcfs": PAPER["rate_sweep"]["vs_fcfs"]["effective_tput"].get(rate)}
+    return {"setup": name, "rates": rows, "paper_source": PAPER["rate_sweep"]["source"]}
+
+
+def knob_sweep(gpu: str, model: str, name: str, knob: str, values: Sequence[float], seed: int = 0) -> dict:
+    """tokenflow at each value of one TokenFlowConfig knob (mu or delta_t), fcfs once for the ratio."""
+    setup = paper_setup(gpu, name)
+    requests = setup_requests(setup, seed=seed, max_total=deployment(gpu, model).model.max_model_len)
+    fcfs = simulate_policy(gpu, model, "fcfs", requests, seed=seed)
+    rows = {}
+    for v in values:
+        tf = simulate_policy(gpu, model, "tokenflow", requests, tokenflow=replace(TokenFlowConfig(), **{knob: v}),
+                             seed=seed)
+        rows[str(v)] = {"tokenflow": tf, "vs_fcfs": policy_ratios(tf, fcfs)}
+    return {"setup": name, "knob": knob, "values": rows, "fcfs": fcfs, "paper_source": PAPER["knobs"]["source"]}
+
+
+def ablation(gpu: str = "4090", model: str = "llama3-8b", name: str = "b", seed: int = 0) -> dict:
+    """Table 2: tokenflow without offload, write-through, or evict/load overlap (bench/policy_bench.py's
+    ABLATIONS, the same cache-config changes the real engine bench makes)."""
+    setup = paper_setup(gpu, name)
+    requests = setup_requests(setup, seed=seed, max_total=deployment(gpu, model).model.max_model_len)
+    rows = {variant: simulate_policy(gpu, model, "tokenflow", requests, cache_overrides=overrides, seed=seed)
+            for variant, overrides in ABLATIONS.items()}
+    paper = PAPER["ablation"]["completion_s"]
+    return {"setup": name, "variants": rows,
+            "completion_vs_tokenflow": {v: rows[v]["completion_s"] / rows["tokenflow"]["completion_s"] for v in rows},
+            "paper_completion_vs_tokenflow": {v: paper[v] / paper["tokenflow"] for v in paper},
+            "paper_source": PAPER["ablation"]["source"]}
+
+
+def reproduction(gpus: Sequence[str] = ("4090", "h200"), model: str = "llama3-8b",
+                 setups: Sequence[str] = ("a", "b", "c", "d"), seed: int = 0,
+                 progress: Callable[[str], Progress] | None = None) -> dict:
+    """Setups a-d on each GPU profile under every policy: the reproduction table's data."""
+    runs = {}
+    for gpu in gpus:
+        for name in setups:
+            key = f"{gpu}/{name}"
+            runs[key] = run_setup(gpu, model, name, seed=seed,
+                                  progress=(lambda p, k=key: progress(f"{k} {p}")) if progress else None)
+    return {"model": model, "runs": runs, "table_markdown": reproduction_markdown(runs)}
+
+
+def _fmt(x: object) -> str:
+    return f"{x:.2f}x" if isinstance(x, (int, float)) else "—"
+
+
+def reproduction_markdown(runs: dict) -> str:
+    head = ("| GPU / setup | vs fcfs: effective | P99 TTFT | raw | vs andes: effective | P99 TTFT | raw "
+            "| paper (vs SGLang) |\n|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for key, run in runs.items():
+        f, a = run["ours"].get("vs_fcfs", {}), run["ours"].get("vs_andes", {})
+        paper = run["paper"]["vs_fcfs"]
+        shown = ", ".join(f"{k} {_fmt(v)}" for k, v in paper.items())
+        lines.append(f"| {key} {run['setup']['describe']} | {_fmt(f.get('effective_tput'))} | "
+                     f"{_fmt(f.get('ttft_p99'))} | {_fmt(f.get('raw_tput'))} | {_fmt(a.get('effective_tput'))} | "
+                     f"{_fmt(a.get('ttft_p99'))} | {_fmt(a.get('raw_tput'))} | {shown} |")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""SimRunner: the runner interface (engine/runner_api.py) priced by a cost model instead of run.
+
+No KV is stored and no context is hashed (engine/fake_runner.py is O(L²) per stream): a step's cost is read off
+the plan's shape in O(batch), and every sampled token is `token_id`. Copies are priced on the replica's host link
+(cost.py): the tails of streams preempted this step first, in plan order (their `swap_out_s` is when each landed),
+then write-through; loads run beside evictions when the engine overlaps copies, each direction then slowed by
+sharing the link. Copies that outlast the model step stretch it (they are joined at step end), so write-through,
+chunked loads and load/evict overlap cost what they would; the scheduler's copy budget keeps them within the
+step, and when it misjudges, the queueing shows up here as longer steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenflow_ray.engine.plan import StepPlan, StepResult
+from tokenflow_ray.engine.runner_api import ModelInfo
+from tokenflow_ray.sim.cost import HostLink, StepCost, StepShape
+
+
+@dataclass
+class RunnerTotals:
+    steps: int = 0
+    busy_s: float = 0.0  # Σ step time
+    compute_s: float = 0.0
+    copy_s: float = 0.0
+    tokens_scheduled: int = 0  # prefill + decode tokens fed
+    tokens_sampled: int = 0
+    blocks_out: int = 0
+    blocks_in: int = 0
+
+
+class SimRunner:
+    def __init__(self, info: ModelInfo, cost: StepCost, block_size: int, link: HostLink,
+                 overlap_copies: bool = True, cpu_overhead_s: float = 0.0, token_id: int = 0) -> None:
+        if not 0 <= token_id < info.vocab_size or token_id in info.eos_token_ids:
+            raise ValueError(f"token_id: must be a non-eos id in [0, {info.vocab_size})")
+        if cpu_overhead_s < 0:
+            raise ValueError("cpu_overhead_s: must be >= 0")
+        self.info = info
+        self.cost = cost
+        self.link = link
+        self.block_bytes = info.kv_bytes_per_token * block_size
+        self.overlap_copies = overlap_copies
+        self.cpu_overhead_s = cpu_overhead_s  # the scheduler's own time per step (host CPU, serial with the GPU)
+        self.token_id = token_id
+        self.totals = RunnerTotals()
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        shape = StepShape.of(plan)
+        compute = self.cost.step_s(shape)
+        n_out = len(plan.swap_out) + len(plan.write_through)
+        n_in = len(plan.swap_in)
+        both = self.overlap_copies and n_out > 0 and n_in > 0
+        out_block = self.link.block_s(self.block_bytes, both)
+        swap_out_s: dict[str, float] = {}
+        elapsed = 0.0
+        for c in plan.swap_out:
+            elapsed += out_block
+            swap_out_s[c.stream_id] = elapsed
+        out_s = n_out * out_block
+        in_s = n_in * self.link.block_s(self.block_bytes, both)
+        if self.overlap_copies:
+            copy_s = max(out_s, in_s)
+            step = max(compute, copy_s)
+        else:  # copies before the model step, evictions then loads
+            copy_s = out_s + in_s
+            step = compute + copy_s
+        step += self.cpu_overhead_s
+        sampled = {c.stream_id: self.token_id for c in plan.decodes if c.sample}
+        sampled.update((c.stream_id, self.token_id) for c in plan.prefills if c.sample)
+        t = self.totals
+        t.steps += 1
+        t.busy_s += step
+        t.compute_s += compute
+        t.copy_s += copy_s
+        t.tokens_scheduled += shape.tokens
+        t.tokens_sampled += len(sampled)
+        t.blocks_out += n_out
+        t.blocks_in += n_in
+        return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute, copy_s=copy_s,
+                          copy_bytes=(n_out + n_in) * self.block_bytes, swap_out_s=swap_out_s, step_s=step)
