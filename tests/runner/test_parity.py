@@ -40,11 +40,13 @@ def _hf_reference(model_dir, prompts, n=NEW_TOKENS):
     return refs
 
 
-def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16, fused=True):
+def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16, fused=True,
+            overlap=False):
     return LLMEngine.from_config(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", fused_cpu_ops=fused),
         cache=CacheConfig(block_size=block_size, num_device_blocks=blocks),
-        scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked)))
+        scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked),
+        overlap_scheduling=overlap))
 
 
 def _run(engine, prompts, join_at: dict[int, int] | None = None) -> list[list[int]]:
@@ -66,16 +68,17 @@ def _run(engine, prompts, join_at: dict[int, int] | None = None) -> list[list[in
     return [tokens[ids[i]] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("ops", ["fused", "reference"])
+@pytest.mark.parametrize("ops", ["fused", "reference", "fused_overlapped"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
 @pytest.mark.parametrize("mode", ["batched", "chunked_small_budget", "unchunked", "join_mid_batch",
                                   "preempt_recompute"])
 def test_greedy_matches_hf_generate(model, mode, ops, request):
-    """`fused`: the C++ small ops (the default on CPU fp32); `reference`: one torch op per step of HF's math."""
+    """`fused`: the C++ small ops (the default on CPU fp32); `reference`: one torch op per step of HF's math;
+    `fused_overlapped`: with overlapped scheduling (each step planned while the one before runs)."""
     model_dir = request.getfixturevalue(model)
     prompts = _prompts()
     refs = _hf_reference_cached(str(model_dir), tuple(map(tuple, prompts)))
-    kw = dict(fused=ops == "fused")
+    kw = dict(fused=ops != "reference", overlap=ops == "fused_overlapped")
     if mode == "batched":
         engine, join = _engine(model_dir, **kw), None
     elif mode == "chunked_small_budget":
@@ -86,7 +89,7 @@ def test_greedy_matches_hf_generate(model, mode, ops, request):
         engine, join = _engine(model_dir, budget=32, **kw), {2: 5, 3: 9, 4: 17}
     else:  # a pool too small for all streams at full length: recompute preemption must happen
         engine, join = _engine(model_dir, blocks=14, block_size=8, budget=64, **kw), None
-    assert engine.runner.fused_ops == (ops == "fused") or not compiler_available()
+    assert engine.runner.fused_ops == (ops != "reference") or not compiler_available()
     assert _run(engine, prompts, join) == refs
 
 

@@ -11,20 +11,24 @@ from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 
 
-def _engine(model_dir, overlap=True, write_through=True, host=256, resume="load"):
+def _engine(model_dir, overlap=True, write_through=True, host=256, resume="load", overlap_scheduling=False):
     return LLMEngine.from_config(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu"),
         cache=CacheConfig(block_size=8, num_device_blocks=96, num_host_blocks=host, overlap_copies=overlap,
                           write_through=write_through, resume_mode=resume),
-        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, policy="tokenflow")))
+        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, policy="tokenflow"),
+        overlap_scheduling=overlap_scheduling))
 
 
-@pytest.mark.parametrize("mode", ["reload_overlap", "reload_blocking", "write_on_preempt", "recompute"])
+@pytest.mark.parametrize("mode", ["reload_overlap", "reload_blocking", "write_on_preempt", "recompute",
+                                  "reload_overlap_scheduling", "recompute_overlap_scheduling"])
 def test_paused_and_resumed_streams_match_hf(tiny_llama_dir, mode):
+    """`*_overlap_scheduling`: pauses land between calls while a step is in flight (overlapped scheduling)."""
     prompts = _prompts()
     refs = _hf_reference_cached(str(tiny_llama_dir), tuple(map(tuple, prompts)))
     engine = _engine(tiny_llama_dir, overlap=mode != "reload_blocking", write_through=mode != "write_on_preempt",
-                     resume="recompute" if mode == "recompute" else "load")
+                     resume="recompute" if mode.startswith("recompute") else "load",
+                     overlap_scheduling=mode.endswith("overlap_scheduling"))
     sp = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     ids = [engine.add_request(p, sp, rate=5.0) for p in prompts]
     tokens: dict[str, list[int]] = {}
@@ -38,7 +42,7 @@ def test_paused_and_resumed_streams_match_hf(tiny_llama_dir, mode):
             tokens.setdefault(out.stream_id, []).extend(out.token_ids)
         engine.check_integrity()
     assert [tokens[i] for i in ids] == refs
-    assert (engine.scheduler.bytes_from_host == 0) == (mode == "recompute")
+    assert (engine.scheduler.bytes_from_host == 0) == mode.startswith("recompute")
     assert engine.pool.num_free == engine.pool.num_blocks
     assert engine.scheduler.kv.host.num_free == engine.scheduler.kv.host.num_blocks
     assert engine.scheduler.bytes_to_host > 0

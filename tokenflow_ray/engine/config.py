@@ -87,6 +87,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     default_rate: float = 0.0  # consumption rate of streams that declare none (tokens/s; 0: unpaced)
     record_history: int = 10_000  # finished-stream records kept for metrics and benchmarks
+    # Plan step N+1 while the runner thread runs step N, and apply N's result while N+1 runs (same greedy output).
+    overlap_scheduling: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)

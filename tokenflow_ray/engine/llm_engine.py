@@ -16,6 +16,7 @@ import itertools
 import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,9 @@ class LLMEngine:
         # Records of finished streams for benchmarks and metrics; bounded so a long-running server stays small.
         self.finished_records: deque[StreamRecord] = deque(maxlen=config.record_history)
         self._totals = {"preemptions": 0, "tokens_recomputed": 0, "streams_finished": 0, "steps": 0}
+        # Overlapped scheduling (config.overlap_scheduling): the step the runner thread is running, and that thread.
+        self._inflight: tuple[BegunStep, Future] | None = None
+        self._runner_thread: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig | None = None, clock: Clock | None = None) -> LLMEngine:
@@ -194,6 +198,8 @@ class LLMEngine:
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StreamOutput]:
+        if self.config.overlap_scheduling:
+            return self._step_overlapped()
         begun = self.begin_step()
         if begun.plan is None:
             return begun.outputs
@@ -209,14 +215,51 @@ class LLMEngine:
         self.idle = plan.is_empty and not plan.finished  # nothing to run now (e.g. every stream paced)
         return BegunStep(None if self.idle else plan, start, outputs)
 
-    def finish_step(self, begun: BegunStep, result: StepResult, now: float | None = None) -> list[StreamOutput]:
-        """Apply a step's result at `now` (default: the clock's now, i.e. when the runner returned)."""
+    def _step_overlapped(self) -> list[StreamOutput]:
+        """One step's outputs, with the next step planned while this one runs (SGLang's overlap scheduler, vLLM's
+        async scheduling): the runner thread executes step N while this thread plans N+1 from the state after N
+        (`Scheduler.advance`: placeholders where N's tokens go; the runner feeds its own sampled tokens into N+1's
+        decodes), then N+1 is launched and N's result applied and detokenised while N+1 runs. The runner runs
+        steps in order, so N+1's copies and KV writes come after N's. Same greedy output; a stream that stops on
+        a sampled token (eos, a stop string) costs one decode that is thrown away. Between calls a step is in
+        flight and the scheduler's state is the state after it, but its tokens."""
+        if self._inflight is None:
+            begun = self.begin_step()
+            if begun.plan is None:
+                return begun.outputs
+            self._inflight = self._launch(begun)
+            self.scheduler.advance(begun.plan)
+        begun, future = self._inflight
+        nxt = self.begin_step()  # planned while `begun` runs
+        result = future.result()
+        self._inflight = self._launch(nxt) if nxt.plan is not None else None
+        outputs = self.finish_step(begun, result, advanced=True)
+        if self._inflight is not None:
+            self.scheduler.advance(nxt.plan)  # after `begun`'s tokens are in: their stop checks count right
+        outputs.extend(nxt.outputs)  # aborts since the last call go out now, not a step later
+        nxt.outputs.clear()
+        return outputs
+
+    def _launch(self, begun: BegunStep) -> tuple[BegunStep, Future]:
+        if self._runner_thread is None:
+            # torch's intra-op thread count is per thread: the runner sets its own (init_thread) on first use.
+            self._runner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenflow-runner",
+                                                     initializer=getattr(self.runner, "init_thread", None))
+        # The step's time runs from its launch (planning overlapped the step before).
+        launched = BegunStep(begun.plan, self.clock.now(), begun.outputs)
+        return launched, self._runner_thread.submit(self.runner.execute, begun.plan)
+
+    def finish_step(self, begun: BegunStep, result: StepResult, now: float | None = None,
+                    advanced: bool = False) -> list[StreamOutput]:
+        """Apply a step's result at `now` (default: the clock's now, i.e. when the runner returned). `advanced`:
+        `Scheduler.advance` already ran for this plan (overlapped scheduling)."""
         if begun.plan is None:
             raise ValueError("finish_step: the step had no plan to run")
         self._totals["steps"] += 1
         now = self.clock.now() if now is None else now
         outputs = begun.outputs
-        for stream, token in self.scheduler.update(begun.plan, result, now, step_s=now - begun.start):
+        apply = self.scheduler.apply_result if advanced else self.scheduler.update
+        for stream, token in apply(begun.plan, result, now, step_s=now - begun.start):
             outputs.append(self._output(stream, token, now))
             if stream.status.finished:
                 self._retire(stream)

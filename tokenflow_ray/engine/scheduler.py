@@ -24,7 +24,7 @@ from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.config import CacheConfig, SchedulerConfig
 from tokenflow_ray.engine.cost_model import CostModel
 from tokenflow_ray.engine.kv_manager import KVManager
-from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan, StepResult
+from tokenflow_ray.engine.plan import PENDING_TOKEN, ScheduledChunk, StepPlan, StepResult
 from tokenflow_ray.engine.policies import SchedulerView, SchedulingPolicy, make_policy
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import Stream, StreamStatus
@@ -48,7 +48,8 @@ class Scheduler:
         # are free at the decision (0); tail blocks when their own copy to the host is done (StepResult.swap_out_s).
         self.preempt_costs_s: list[float] = []  # per preemption: block-weighted mean time to free its blocks
         self.preempt_tail_s: list[float] = []  # per preemption: time until its last block was free
-        self._swap_blocks: dict[str, tuple[int, int]] = {}  # stream -> (freed at once, tail) for this plan
+        self._swap_blocks: dict[str, tuple[int, int]] = {}  # stream -> (freed at once, tail), until its result
+        self._finishing: set[str] = set()  # streams whose pending token is their last (overlapped scheduling)
         self.bytes_to_host = 0
         self.bytes_from_host = 0
         self._finished_since_plan: list[str] = []
@@ -83,6 +84,7 @@ class Scheduler:
         self.kv.release_device(stream)
         self.kv.release_host(stream)
         self._table_sent.pop(stream_id, None)  # the runner drops the table with plan.finished
+        self._finishing.discard(stream_id)
         stream.status = status
         now = max(now, stream.reader.first_token_time or now)
         stream.reader.finish(now)
@@ -146,7 +148,7 @@ class Scheduler:
         held = self.policy.hold(queue, view)
         while queue and budget > 0:
             stream = queue.pop(0)
-            if stream.stream_id in held:
+            if stream.stream_id in held or stream.stream_id in self._finishing:
                 continue
             n = self._chunk_len(stream, budget)
             if n == 0:
@@ -307,33 +309,57 @@ class Scheduler:
         work, a shared CPU); on a virtual clock it is 0 and the runner's time stands.
 
         Returns (stream, new_token) pairs in plan order; a stream that finished has its terminal status set.
+        Equal to `advance(plan)` then `apply_result(...)`, the two halves overlapped scheduling runs apart.
         """
+        self.advance(plan)
+        return self.apply_result(plan, result, now, step_s)
+
+    def advance(self, plan: StepPlan) -> None:
+        """What a planned step will have done once the runner has run it, but its sampled tokens: loads landed,
+        tails freed, computed counts advanced, and a PENDING_TOKEN placeholder appended where a token is sampled.
+        Overlapped scheduling calls this as soon as the step is launched, so the next plan is made from the state
+        after it (the runner runs steps in order, so the next plan's copies and writes come after this step's)."""
         self.kv.step_done()
         for sid in self.kv.loads_landed(plan.swap_in):  # a chunked load is done when its last chunk lands
             stream = self.streams[sid]
             self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
             stream.status = StreamStatus.RUNNING
-        swaps, self._swap_blocks = self._swap_blocks, {}
-        for sid in plan.preempted:
-            if sid in swaps:
-                now_blocks, tail = swaps[sid]
-                tail_s = result.swap_out_s.get(sid, 0.0) if tail else 0.0
-                self.preempt_tail_s.append(tail_s)
-                self.preempt_costs_s.append(tail_s * tail / max(1, now_blocks + tail))
         self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
         self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
-        self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
-                               result.copy_s, result.copy_bytes, step_s=step_s)
-        emitted: list[tuple[Stream, int]] = []
         for chunk in itertools.chain(plan.decodes, plan.prefills):
             stream = self.streams.get(chunk.stream_id)
             if stream is None:  # aborted while the step ran
                 continue
             stream.num_computed_tokens += len(chunk.token_ids)
+            if chunk.sample:
+                stream.output_token_ids.append(PENDING_TOKEN)
+                sp = stream.sampling
+                if stream.num_output_tokens >= sp.max_tokens or stream.num_tokens >= stream.max_total_tokens:
+                    self._finishing.add(stream.stream_id)  # ends with that token: nothing more to plan for it
+
+    def apply_result(self, plan: StepPlan, result: StepResult, now: float,
+                     step_s: float = 0.0) -> list[tuple[Stream, int]]:
+        """The rest of `update`, once the step's result is in: timings learnt, sampled tokens in place of their
+        placeholders, reader and record updated, streams that stop finished."""
+        for sid in plan.preempted:
+            swapped = self._swap_blocks.pop(sid, None)
+            if swapped is not None:
+                now_blocks, tail = swapped
+                tail_s = result.swap_out_s.get(sid, 0.0) if tail else 0.0
+                self.preempt_tail_s.append(tail_s)
+                self.preempt_costs_s.append(tail_s * tail / max(1, now_blocks + tail))
+        self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
+                               result.copy_s, result.copy_bytes, step_s=step_s)
+        emitted: list[tuple[Stream, int]] = []
+        for chunk in itertools.chain(plan.decodes, plan.prefills):
             if not chunk.sample:
                 continue
+            stream = self.streams.get(chunk.stream_id)
+            if stream is None:  # aborted, or stopped (eos, a stop string) by the step before it
+                continue
             token = result.sampled[chunk.stream_id]
-            stream.output_token_ids.append(token)
+            # The placeholder sits at the position after the chunk (a later step's may follow it).
+            stream.output_token_ids[chunk.start_pos + len(chunk.token_ids) - stream.num_prompt_tokens] = token
             # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
             stream.record.record_token(now, stream.reader.buffer_at(now))
             stream.reader.on_tokens(now)

@@ -43,6 +43,7 @@ class TorchModelRunner:
         mc, cc = config.model, config.cache
         if mc.num_threads is not None:
             torch.set_num_threads(mc.num_threads)
+        self._num_threads = torch.get_num_threads()
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
         self.model_dir = resolve_model_dir(mc.model)
@@ -81,6 +82,10 @@ class TorchModelRunner:
         self._params: dict[str, SamplingParams] = {}
         log.info("loaded %s (%s, %s, %s attention, %d KV blocks)", self.model_dir, self.device, self.dtype,
                  self.backend.name, cc.num_device_blocks)
+
+    def init_thread(self) -> None:
+        """Called on the engine's runner thread (overlapped scheduling): torch's thread count is per thread."""
+        torch.set_num_threads(self._num_threads)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
