@@ -104,3 +104,23 @@ def test_a_step_is_in_flight_between_calls_and_no_length_limited_stream_overruns
     assert len(tokens) == 5 and engine._inflight is None
     # Length is known at planning time: exactly 5 sampled chunks ran for the stream, none thrown away.
     assert sum(c.sample for p in plans for c in (*p.decodes, *p.prefills) if c.stream_id == sid) == 5
+
+
+def test_switching_overlap_off_with_a_step_in_flight_finishes_that_step_first():
+    kw = dict(num_blocks=64, block_size=4)
+    sync, fake = make_fake_engine(**kw)
+    engine = _overlapped(make_fake_engine(**kw)[0])
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in prompts]
+    tokens: dict[str, list[int]] = {}
+    for i in range(40):
+        if i == 3:
+            engine.config = dataclasses.replace(engine.config, overlap_scheduling=False)
+        if i == 6:
+            engine.config = dataclasses.replace(engine.config, overlap_scheduling=True)
+        for out in engine.step():
+            tokens.setdefault(out.stream_id, []).extend(out.token_ids)
+        engine.check_integrity()
+        if not engine.has_unfinished():
+            break
+    assert [tokens[i] for i in ids] == [_reference_ignoring_eos(fake, p, 12) for p in prompts]

@@ -8,7 +8,9 @@ to 1 new token, and divide the B·(N−1) extra tokens by the extra time. Each f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import random
 import statistics
 import time
@@ -41,6 +43,8 @@ class EngineBenchConfig:
     seed: int = 0
     peer: str | None = None  # "vllm": also vLLM's offline tok/s on the same model, prompts and batches (own venv)
     peer_env: str | None = None  # the vLLM venv; None: the default under the cache folder (created if missing)
+    overlap: bool = True  # "ours" runs with overlapped scheduling; the other mode is measured beside it
+    profile_batch: int | None = 32  # where a decode step's time goes at this batch (None: skip)
 
     def __post_init__(self) -> None:
         if not self.batches or any(b <= 0 for b in self.batches):
@@ -98,7 +102,8 @@ class _Systems:
         self.hf = AutoModelForCausalLM.from_pretrained(self.engine.runner.model_dir, dtype=dtype).eval()
         self.pad = self.engine.tokenizer.pad_token_id or 0
 
-    def ours(self, prompts: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
+    def ours(self, prompts: Sequence[Sequence[int]], lengths: Sequence[int], overlap: bool) -> int:
+        self.engine.config = dataclasses.replace(self.engine.config, overlap_scheduling=overlap)
         self.engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
         return sum(lengths)
 
@@ -122,7 +127,9 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
     results: dict[str, dict] = {}
     for batch in cfg.batches:
         prompts = _prompts(batch, cfg.prompt_len, systems.vocab, cfg.seed + batch)
-        runs = {"ours_tok_s": lambda n, p=prompts, b=batch: systems.ours(p, [n] * b),
+        mode, other = ("overlap", "sync") if cfg.overlap else ("sync", "overlap")
+        runs = {"ours_tok_s": lambda n, p=prompts, b=batch: systems.ours(p, [n] * b, cfg.overlap),
+                f"ours_{other}_tok_s": lambda n, p=prompts, b=batch: systems.ours(p, [n] * b, not cfg.overlap),
                 "hf_generate_tok_s": lambda n, p=prompts: systems.hf_generate(p, n)}
         if cfg.generate_batch:
             runs["hf_generate_batch_tok_s"] = lambda n, p=prompts: systems.hf_generate_batch(p, n)
@@ -130,6 +137,8 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
         roof = model_roofline(systems.hf, cfg.prompt_len + cfg.new_tokens // 2, systems.engine.runner.dtype)
         row["roofline_tok_s"] = roof.tok_s(batch)
         row["roofline_onednn_tok_s"] = roof.with_onednn_rate().tok_s(batch)  # stricter: the GEMM kernel we run
+        row[f"ours_{mode}_tok_s"] = row["ours_tok_s"]
+        row["overlap_vs_sync"] = row["ours_overlap_tok_s"] / row["ours_sync_tok_s"]
         row["ours_vs_hf_generate"] = row["ours_tok_s"] / row["hf_generate_tok_s"]
         if "hf_generate_batch_tok_s" in row:
             row["ours_vs_hf_generate_batch"] = row["ours_tok_s"] / row["hf_generate_batch_tok_s"]
@@ -137,10 +146,20 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
         row["ours_vs_roofline_onednn"] = row["ours_tok_s"] / row["roofline_onednn_tok_s"]
         row["roofline"] = asdict(roof)
         results[str(batch)] = row
-        progress(f"batch {batch:>3}: ours {row['ours_tok_s']:8.0f} tok/s | HF generate {row['hf_generate_tok_s']:8.0f}"
+        progress(f"batch {batch:>3}: ours {row['ours_tok_s']:8.0f} tok/s ({other} {row[f'ours_{other}_tok_s']:.0f})"
+                 f" | HF generate {row['hf_generate_tok_s']:8.0f}"
                  + (f" | HF generate_batch {row['hf_generate_batch_tok_s']:8.0f}" if cfg.generate_batch else "")
                  + f" | roofline {row['roofline_tok_s']:8.0f}")
 
+    profile = None
+    if cfg.profile_batch:
+        from tokenflow_ray.bench.step_profile import profile_decode_steps
+
+        profile = profile_decode_steps(systems.engine, _prompts(cfg.profile_batch, cfg.prompt_len, systems.vocab,
+                                                                cfg.seed + cfg.profile_batch))
+        progress(f"batch {cfg.profile_batch} step: {profile['step_ms']:.2f} ms ({profile['step_ms_overlapped']:.2f} "
+                 f"overlapped): GEMMs {profile['gemm_ms']:.2f}, attention {profile['attention_ms']:.2f}, other model "
+                 f"{profile['other_model_ms']:.2f}, Python bookkeeping {profile['python_bookkeeping_ms']:.2f} ms")
     mixed = _mixed(cfg, systems)
     progress(f"mixed ({cfg.mixed_requests} requests, {cfg.mixed_min_tokens}-{cfg.mixed_max_tokens} new tokens): "
              f"ours {mixed['mixed_ours_tok_s']:.0f} tok/s | HF generate x{cfg.hf_static_batch} "
@@ -149,7 +168,7 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
         mixed.update(_vllm_peer(cfg, systems, results, progress))
         mixed["mixed_ours_vs_vllm"] = mixed["mixed_ours_tok_s"] / mixed["mixed_vllm_tok_s"]
     out = {"model": cfg.model, "dtype": cfg.dtype, "device": "cpu", "threads": torch.get_num_threads(),
-           "config": asdict(cfg), "results": results, **mixed}
+           "machine": machine_info(), "config": asdict(cfg), "results": results, "profile": profile, **mixed}
     headline = str(32 if 32 in cfg.batches else cfg.batches[-1])
     out["batch"] = int(headline)
     out.update({k: v for k, v in results[headline].items() if k != "roofline"})
@@ -192,10 +211,32 @@ def _mixed(cfg: EngineBenchConfig, systems: _Systems) -> dict:
         for i in range(0, len(prompts), cfg.hf_static_batch):  # static batching runs to the longest in each batch
             systems.hf_generate(prompts[i:i + cfg.hf_static_batch], max(lengths[i:i + cfg.hf_static_batch]))
 
-    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    times: dict[str, list[float]] = {"ours": [], "other": [], "hf": []}
     for _ in range(cfg.repeats):
-        times["ours"].append(_median_time(lambda: systems.ours(prompts, lengths), 1))
+        times["ours"].append(_median_time(lambda: systems.ours(prompts, lengths, cfg.overlap), 1))
+        times["other"].append(_median_time(lambda: systems.ours(prompts, lengths, not cfg.overlap), 1))
         times["hf"].append(_median_time(hf_static, 1))
-    ours, hf = statistics.median(times["ours"]), statistics.median(times["hf"])
-    return {"mixed_ours_tok_s": useful / ours, "mixed_hf_generate_tok_s": useful / hf,
-            "mixed_ours_vs_hf_generate": hf / ours, "mixed_useful_tokens": useful}
+    ours, other, hf = (statistics.median(times[k]) for k in ("ours", "other", "hf"))
+    return {"mixed_ours_tok_s": useful / ours, f"mixed_ours_{'sync' if cfg.overlap else 'overlap'}_tok_s":
+            useful / other, "mixed_hf_generate_tok_s": useful / hf, "mixed_ours_vs_hf_generate": hf / ours,
+            "mixed_useful_tokens": useful}
+
+
+def machine_info() -> dict:
+    """CPU model, cores and cache sizes (lscpu's words): figures differ by box, the L3 above all."""
+    import platform
+    import subprocess
+
+    info: dict = {"cpu_count": os.cpu_count(), "machine": platform.machine()}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return info
+    keys = {"Model name": "cpu_model", "L1d cache": "l1d_cache", "L2 cache": "l2_cache", "L3 cache": "l3_cache"}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            info[keys[key.strip()]] = value.strip()
+    flags = next((ln for ln in out.splitlines() if ln.startswith("Flags:")), "")
+    info["avx512"] = "avx512f" in flags.split()
+    return info

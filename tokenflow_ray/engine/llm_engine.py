@@ -198,7 +198,7 @@ class LLMEngine:
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StreamOutput]:
-        if self.config.overlap_scheduling:
+        if self.config.overlap_scheduling or self._inflight is not None:
             return self._step_overlapped()
         begun = self.begin_step()
         if begun.plan is None:
@@ -230,6 +230,9 @@ class LLMEngine:
             self._inflight = self._launch(begun)
             self.scheduler.advance(begun.plan)
         begun, future = self._inflight
+        if not self.config.overlap_scheduling:  # switched off with a step in flight: finish that one first
+            self._inflight = None
+            return self.finish_step(begun, future.result(), advanced=True)
         nxt = self.begin_step()  # planned while `begun` runs
         result = future.result()
         self._inflight = self._launch(nxt) if nxt.plan is not None else None

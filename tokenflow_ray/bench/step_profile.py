@@ -1,0 +1,109 @@
+"""Where one decode step's time goes, on the real engine: `tokenflow bench engine` puts this in its JSON.
+
+Wall-clock timers around the scheduler's plan, the runner's execute and the model forward split a step into the
+scheduler, the runner's own Python (inputs, sampling), the model, and the engine's rest (applying the result,
+detokenising, outputs); a cProfile pass over the same steps splits the model into GEMMs (oneDNN linear), decode
+attention (the paged kernel, or SDPA) and everything else (small ops, module calls). Python bookkeeping is
+schedule + runner Python + engine rest. Measured synchronously (the parts are separable then); the same steps with
+overlapped scheduling give the step time that remains when planning and applying run beside the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import dataclasses
+import pstats
+import time
+from collections.abc import Iterator, Sequence
+
+from tokenflow_ray.engine.llm_engine import LLMEngine
+from tokenflow_ray.engine.sampling import SamplingParams
+
+_GEMM = ("_linear_pointwise", "linear", "addmm", "matmul")
+_ATTENTION = ("paged_decode_attention", "scaled_dot_product_attention", "flash_attn")
+
+
+@contextlib.contextmanager
+def _timed(obj, name: str, acc: dict[str, float], key: str) -> Iterator[None]:
+    original = getattr(obj, name)
+    shadowed = name in vars(obj)  # already an instance attribute: put it back, do not delete it
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t
+
+    setattr(obj, name, wrapper)
+    try:
+        yield
+    finally:
+        if shadowed:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)
+
+
+def _steps(engine: LLMEngine, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        engine.step()
+    return time.perf_counter() - t
+
+
+def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: int = 100,
+                         warmup: int = 10) -> dict:
+    """ms per step at batch len(prompts), every stream decoding; the streams are aborted afterwards."""
+    config = engine.config
+    # Three passes of `steps` decodes must fit each stream's share of the pool and the context.
+    bs, longest = engine.pool.block_size, max(len(p) for p in prompts)
+    room = min(engine.max_total_tokens, engine.pool.num_free // len(prompts) * bs) - longest - 2
+    steps = max(1, min(steps, (room - 2 * warmup) // 3))
+    warmup = min(warmup, max(0, room - 3 * steps) // 2)
+    engine.config = dataclasses.replace(config, overlap_scheduling=False)
+    sp = SamplingParams(max_tokens=2 * warmup + 3 * steps + 1, ignore_eos=True)
+    ids = [engine.add_request(list(p), sp) for p in prompts]
+    try:
+        while any(engine.get_stream(i).num_output_tokens == 0 for i in ids):  # prefills out of the way
+            engine.step()
+        _steps(engine, warmup)
+        acc = {"schedule": 0.0, "execute": 0.0, "model": 0.0}
+        runner = engine.runner
+        with _timed(engine.scheduler, "schedule", acc, "schedule"), _timed(runner, "execute", acc, "execute"), \
+                _timed(runner.model, "forward", acc, "model"):
+            wall = _steps(engine, steps)
+        prof = cProfile.Profile()
+        prof.enable()
+        profiled = _steps(engine, steps)
+        prof.disable()
+        gemm = attention = 0.0
+        for (_, _, func), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+            tottime = row[2]
+            if any(k in func for k in _GEMM):
+                gemm += tottime
+            elif any(k in func for k in _ATTENTION):
+                attention += tottime
+        engine.config = dataclasses.replace(config, overlap_scheduling=True)
+        _steps(engine, warmup)
+        overlapped = _steps(engine, steps)
+    finally:
+        engine.config = config
+        for i in ids:
+            engine.abort(i)
+        while engine.has_unfinished():  # drain an in-flight step and the abort notices
+            engine.step()
+    ms = 1e3 / steps
+    model = acc["model"] * ms
+    out = {"batch": len(prompts), "steps": steps, "step_ms": wall * ms, "schedule_ms": acc["schedule"] * ms,
+           "runner_python_ms": (acc["execute"] - acc["model"]) * ms, "model_ms": model,
+           "engine_rest_ms": (wall - acc["schedule"] - acc["execute"]) * ms,
+           # shares of the model from the cProfile pass, scaled to the unprofiled model time
+           "gemm_ms": gemm * ms, "attention_ms": attention * ms,
+           "step_ms_under_cprofile": profiled * ms, "step_ms_overlapped": overlapped * ms}
+    out["other_model_ms"] = max(0.0, model - out["gemm_ms"] - out["attention_ms"])
+    out["python_bookkeeping_ms"] = out["schedule_ms"] + out["runner_python_ms"] + out["engine_rest_ms"]
+    out["tok_s"] = len(prompts) / (out["step_ms"] / 1e3)
+    out["tok_s_overlapped"] = len(prompts) / (out["step_ms_overlapped"] / 1e3)
+    return out
