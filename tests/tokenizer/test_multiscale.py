@@ -23,9 +23,9 @@ def _fit(mq: MultiScaleQuantizer, z, steps=150):
     return mq.eval()
 
 
-def test_more_scales_reconstruct_better():
+def test_more_scales_reconstruct_better_var_variant():
     torch.manual_seed(0)
-    cfg = QuantizerConfig(codebook_size=64, sem_dim=2, pix_dim=2, usage_window=64)
+    cfg = QuantizerConfig(codebook_size=64, sem_dim=2, pix_dim=2, usage_window=64, residual="var")
     mq = _fit(MultiScaleQuantizer(cfg, (1, 2, 4, 8), scale_drop_prob=0.0), _smooth_maps())
     z = _smooth_maps()
     f = torch.cat([l2n(z[:, :2], dim=1), l2n(z[:, 2:], dim=1)], 1)
@@ -74,3 +74,28 @@ def test_beta_scales_the_commitment_term():
 def test_scales_for_other_grids_follow_infer_interpolate():
     assert scales_for_grid((1, 2, 4, 6, 8, 10, 12, 14), 16) == (1, 2, 4, 6, 8, 10, 12, 14, 16)
     assert scales_for_grid((1, 2, 4, 6, 8, 10, 12, 14), 7) == (1, 2, 4, 6, 7)
+
+
+def test_official_residual_normalises_and_scores_each_scale():
+    """The official variant: each scale's downsampled residual is unit per branch before its search, the VQ loss is
+    the mean over scales of that scale's (codeword, normalised residual) error, codewords add with weight 1."""
+    torch.manual_seed(0)
+    cfg = QuantizerConfig(codebook_size=64, sem_dim=2, pix_dim=2, usage_window=64)
+    assert cfg.residual == "official"
+    mq = MultiScaleQuantizer(cfg, (1, 2, 4), scale_drop_prob=0.0)
+    assert not hasattr(mq, "gain_S2")
+    z = _smooth_maps(side=4).requires_grad_(True)
+    out = mq(z[:, :2], z[:, 2:])
+    h, expect_cb, total = z.detach(), 0.0, torch.zeros_like(z)
+    for side, idx in zip(out.scales, out.idx_per_scale):
+        rest = F.interpolate(h, size=(side, side), mode="area")
+        z_n = torch.cat([l2n(rest[:, :2], dim=1), l2n(rest[:, 2:], dim=1)], 1)
+        q = mq.codebook.lookup(idx).movedim(-1, 1)
+        expect_cb += F.mse_loss(q, z_n) / 3
+        up = q if side == 4 else F.interpolate(q, size=(4, 4), mode="bicubic")
+        total, h = total + up, h - up
+    assert torch.allclose(out.codebook_loss, torch.as_tensor(expect_cb), atol=1e-6)
+    assert torch.allclose(out.f_hat_BCHW, total, atol=1e-5)
+    assert torch.allclose(mq.indices_to_fhat(out.idx_per_scale, 4), total, atol=1e-5)  # indices alone decode
+    out.f_hat_BCHW.sum().backward()
+    assert z.grad.abs().sum() > 0

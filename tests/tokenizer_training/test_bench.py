@@ -30,11 +30,27 @@ def test_summary_takes_medians_over_rounds_and_keeps_them():
     assert out["train_speedup_2v1_rounds"] == pytest.approx([1.5, 1.7, 1.7])
     assert out["train_speedup_2v1"] == pytest.approx(1.7)  # median of the per-round ratios, not the ratio of the medians (1.5)
     assert out["train_rounds"] == rounds
+    assert "train_vs_ceiling" not in out  # no ceiling measured in these rounds: nothing is made up
+
+
+def test_summary_gives_vs_ceiling_and_epoch_ratio_per_round():
+    def run(images_per_s):
+        return {"images_per_s": images_per_s, "step_time_s": 0.04, "sync_time_s": 0.0, "data_wait_s": 0.0,
+                "data_wait_frac": 0.0}
+
+    rounds = [{1: run(400), 2: run(720), "ceiling": {1: 450, 2: 900}, "epochs3": run(700)},
+              {1: run(400), 2: run(640), "ceiling": {1: 450, 2: 810}, "epochs3": run(660)},
+              {1: run(400), 2: run(700), "ceiling": {1: 450, 2: 720}, "epochs3": run(700)}]
+    out = summarize(rounds, (1, 2))
+    assert out["train_vs_ceiling_rounds"] == pytest.approx([0.9, 0.888889, 1.09375], rel=1e-4)
+    assert out["train_vs_ceiling"] == pytest.approx(0.9)
+    assert out["train_epochs_ratio"] == pytest.approx(1.0)
 
 
 def test_bench_runs_cover_one_epoch_and_use_the_chosen_sync():
     cfg = TrainBenchConfig(steps=10, batch_size=4, repeats=1, accum_steps=2, grad_compress="bf16")
-    assert cfg.num_images >= 10 * 4 * 2 * 2  # steps x batch x accum x workers
+    assert cfg.num_images() >= 10 * 4 * 2 * 2  # steps x batch x accum x workers
+    assert cfg.num_images(3) * 3 <= cfg.num_images() + 4 * 4  # a third: the run makes 3 passes
     tc = train_config(cfg, 2, "/tmp/x", "b")
     assert tc.scaling.num_workers == 2 and tc.scaling.grad_compress == "bf16" and tc.optim.accum_steps == 2
     assert tc.schedule.log_every == 5  # the measured window is the second half

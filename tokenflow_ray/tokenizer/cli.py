@@ -24,6 +24,36 @@ def _write_json(path: str, payload: dict) -> None:
     target.write_text(json.dumps(payload, indent=2))
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"codebook sizes must be >= 2, got {text!r}")
+    return values
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import warnings
+
+    from .experiment.sweep import SweepConfig, append_runs, markdown, run_sweep
+
+    seeds = tuple(range(args.first_seed, args.first_seed + (args.seeds or 3)))
+    cfg = SweepConfig(dataset=args.dataset, seeds=seeds, codebook_sizes=args.codebook_sizes)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module="sklearn")
+        warnings.filterwarnings("ignore", message=".*lbfgs failed to converge.*")
+        rows = run_sweep(cfg)
+    if Path(args.json).parent and not Path(args.json).parent.exists():
+        raise ValueError(f"--json directory does not exist: {Path(args.json).parent}")
+    result = append_runs(args.json, rows, cfg)  # merged with the runs already in the file (pieces of one sweep)
+    Path(args.plots).mkdir(parents=True, exist_ok=True)
+    (Path(args.plots) / "capacity.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
 def _experiment(args: argparse.Namespace) -> int:
     import dataclasses
     import warnings
@@ -31,10 +61,12 @@ def _experiment(args: argparse.Namespace) -> int:
     from .experiment.report import markdown_table, write_plots
     from .experiment.run import QUICK, ExperimentConfig, run_experiment
 
+    if args.codebook_sizes:
+        return _sweep(args)
     base = QUICK if args.quick else ExperimentConfig()
     cfg = dataclasses.replace(base, seeds=args.seeds) if args.seeds is not None else base
+    cfg = dataclasses.replace(cfg, dataset=args.dataset)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="LPIPS skipped")  # LPIPS is off in every arm (§6 Tier B)
         warnings.filterwarnings("ignore", category=UserWarning, module="sklearn")
         warnings.filterwarnings("ignore", message=".*lbfgs failed to converge.*")
         result = run_experiment(cfg)
@@ -65,11 +97,17 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("experiment", help="§6 Tier B experiment on colourised sklearn digits")
+    p = subparsers.add_parser("experiment", help="§6 Tier B experiment on colourised digits or shapes")
     p.add_argument("--json", required=True, help="where to write the result JSON")
     p.add_argument("--plots", required=True, help="directory for PNGs and table.md")
     p.add_argument("--seeds", type=_positive, default=None, help="number of seeds (default 3; 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="reduced run for CI (well under 2 minutes)")
+    p.add_argument("--dataset", choices=("digits", "shapes"), default="digits",
+                   help="colourised sklearn digits, or colourised synthetic shapes (experiment/data.py)")
+    p.add_argument("--codebook-sizes", type=_sizes, metavar="K,K,...",
+                   help="capacity sweep instead: arms P, S, TF and bits-matched PxS at each K (perfect squares), "
+                        "appended into --json so pieces of one sweep merge; table in PLOTS/capacity.md")
+    p.add_argument("--first-seed", type=int, default=0, help="with --codebook-sizes: the first seed of this piece")
     p.set_defaults(handler=_experiment)
 
     b = subparsers.add_parser("bench", help="chunked shared-index search vs naive cdist+argmin")

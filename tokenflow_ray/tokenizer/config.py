@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 SEMANTIC_KINDS = ("clip", "siglip", "cnn")
 INDEX_MODES = ("shared", "separate")
+RESIDUAL_MODES = ("official", "var")
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -30,6 +31,11 @@ class QuantizerConfig:
     w_dis: float = 1.0  # weight of d_pix (the paper's w_dis, 1.0 in every variant); 0 gives semantic-only (arm S)
     index_mode: str = "shared"  # "shared": one index per token; "separate": independent sem/pix indices (TF-sep)
     beta: float = 0.25  # commitment weight in VQ + beta * commitment
+    # Multi-scale residual VQ (multiscale.py). "official": as ByteFlow-AI/TokenFlow's vq_model.py: the residual stays
+    # unnormalised, each scale's downsampled residual is normalised per branch before its search, the VQ loss is
+    # taken per scale against that normalised residual, codewords are added with weight 1. "var": our earlier
+    # VAR-style variant: normalise once, loss on the running sum, a learned per-scale gain. One scale: identical.
+    residual: str = "official"
     # Block sizes of the chunked search: at most query_chunk x search_chunk scores exist at once (256 x 4096 floats =
     # 4 MiB, cache-friendly: on 2 CPU cores this beats one N x K cdist by >2x, see docs/tokenizer.md).
     search_chunk: int = 4096  # codebook rows per block
@@ -45,6 +51,7 @@ class QuantizerConfig:
         _check(self.w_sem + self.w_dis > 0, "w_sem and w_dis cannot both be 0: the index rule would be empty")
         _check(self.index_mode in INDEX_MODES, f"index_mode must be one of {INDEX_MODES}, got {self.index_mode!r}")
         _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        _check(self.residual in RESIDUAL_MODES, f"residual must be one of {RESIDUAL_MODES}, got {self.residual!r}")
         _check(self.search_chunk >= 1 and self.query_chunk >= 1, "search_chunk and query_chunk must be >= 1")
         _check(self.usage_window >= 1, f"usage_window must be >= 1, got {self.usage_window}")
 

@@ -1,14 +1,17 @@
 """VAR-style multi-scale residual VQ over the 40-d [sem; pix] map, one shared-index codebook for every scale.
 
 Per scale (paper §1): area-downsample the residual, quantise it with the shared-index rule, bicubic-upsample, add to
-the running sum, subtract from the residual. VQ losses (codebook + beta * commitment on the running sum) are averaged
-over scales; the output is straight-through. In training, with probability scale_drop_prob one non-first scale is
-skipped for the step.
+the running sum, subtract from the residual. In training, with probability scale_drop_prob one non-first scale is
+skipped for the step. Two variants (QuantizerConfig.residual):
 
-Per-scale gain [interpretation]: the paper's codewords are unit-length per branch, but a residual shrinks from scale to
-scale, so adding unit vectors at every scale overshoots. Each scale after the first therefore multiplies its codewords
-by a learned per-branch scalar (init 0.5). These are model weights, not token data, so indices alone still decode.
-With one scale there is no gain at all and the procedure is exactly the single-scale quantiser of §1.
+* "official" (default; ByteFlow-AI/TokenFlow vq_model.py): the residual starts as the raw [z_sem; z_pix] and stays
+  unnormalised; at each scale the downsampled residual is L2-normalised per branch, searched, and the VQ loss
+  (codebook + beta * commitment) is taken between the unit codewords and that normalised residual; each scale's
+  straight-through output is upsampled and summed with weight 1. Losses are averaged over scales.
+* "var" (option): normalise [z_sem; z_pix] once; the loss is on the running sum after each scale; each scale after
+  the first multiplies its codewords by a learned per-branch gain (init 0.5) [interpretation: unit codewords added at
+  every scale overshoot a shrinking residual]. The gains are model weights, so indices alone still decode.
+With one scale both are exactly the single-scale quantiser of §1.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ class MultiScaleQuantizer(nn.Module):
         self.scales = tuple(scales)
         self.scale_drop_prob = scale_drop_prob
         self.codebook = SharedIndexCodebook(cfg)
-        self.gain_S2 = nn.Parameter(torch.full((max(len(self.scales) - 1, 0), 2), 0.5))
+        self.official = cfg.residual == "official"
+        if not self.official:
+            self.gain_S2 = nn.Parameter(torch.full((max(len(self.scales) - 1, 0), 2), 0.5))
 
     def extra_repr(self) -> str:
         return f"scales={self.scales}, scale_drop_prob={self.scale_drop_prob}"
@@ -56,7 +61,7 @@ class MultiScaleQuantizer(nn.Module):
     def _gain_C(self, side: int, position: int, device) -> torch.Tensor:
         """Per-channel multiplier for the codewords of one scale (1 for the first scale)."""
         c = self.cfg
-        if position == 0:
+        if position == 0 or self.official:
             return torch.ones(c.sem_dim + c.pix_dim, device=device)
         row = self.scales.index(side) - 1 if side in self.scales[1:] else len(self.scales) - 2
         row = max(row, 0)
@@ -86,6 +91,8 @@ class MultiScaleQuantizer(nn.Module):
             if float(torch.rand((), generator=generator)) < self.scale_drop_prob:
                 drop = 1 + int(torch.randint(0, len(scales) - 1, (), generator=generator))
                 positions.remove(drop)
+        if self.official:
+            return self._official(torch.cat([z_sem_BCHW, z_pix_BCHW], dim=1), scales, positions)
         f_BCHW = torch.cat([l2n(z_sem_BCHW, dim=1), l2n(z_pix_BCHW, dim=1)], dim=1)
         f_rest = f_BCHW.detach().clone()
         f_hat = torch.zeros_like(f_BCHW)
@@ -112,5 +119,39 @@ class MultiScaleQuantizer(nn.Module):
         codebook_loss, commit_loss = codebook_loss / n, commit_loss / n
         f_hat_st = f_BCHW + (f_hat - f_BCHW).detach()  # straight-through: the encoders see d loss / d f_hat
         return MultiScaleResult(f_hat_BCHW=f_hat_st, idx_per_scale=tuple(idx_list), scales=tuple(used),
+                                codebook_loss=codebook_loss, commit_loss=commit_loss,
+                                vq_loss=codebook_loss + self.cfg.beta * commit_loss)
+
+    def _branch_norm(self, x_BCHW: torch.Tensor) -> torch.Tensor:
+        d = self.cfg.sem_dim
+        return torch.cat([l2n(x_BCHW[:, :d], dim=1), l2n(x_BCHW[:, d:], dim=1)], dim=1)
+
+    def _official(self, h_BCHW: torch.Tensor, scales: tuple[int, ...], positions: list[int]) -> MultiScaleResult:
+        b, c, h, w = h_BCHW.shape
+        residual = h_BCHW
+        f_hat = torch.zeros_like(h_BCHW)
+        codebook_loss = commit_loss = h_BCHW.new_zeros(())
+        idx_list, used = [], []
+        for pos in positions:
+            side = scales[pos]
+            rest = residual if side == h else F.interpolate(residual, size=(side, side), mode="area")
+            z_n = self._branch_norm(rest)  # this scale's residual, unit per branch (the official quantiser's input)
+            z_NC = z_n.permute(0, 2, 3, 1).reshape(-1, c)
+            idx = self.codebook.search(*self._split(z_NC))
+            idx = idx.reshape(b, side, side, *idx.shape[1:])
+            q_BCss = self.codebook.lookup(idx).movedim(3, 1)
+            codebook_loss = codebook_loss + F.mse_loss(q_BCss, z_n.detach())
+            commit_loss = commit_loss + F.mse_loss(q_BCss.detach(), z_n)
+            q_st = z_n + (q_BCss - z_n).detach()  # straight-through at this scale
+            up = q_st if side == h else F.interpolate(q_st, size=(h, w), mode="bicubic")
+            f_hat = f_hat + up
+            residual = residual - up.detach()
+            idx_list.append(idx)
+            used.append(side)
+            if self.training:
+                self.codebook.record_usage(idx)
+        n = len(positions)
+        codebook_loss, commit_loss = codebook_loss / n, commit_loss / n
+        return MultiScaleResult(f_hat_BCHW=f_hat, idx_per_scale=tuple(idx_list), scales=tuple(used),
                                 codebook_loss=codebook_loss, commit_loss=commit_loss,
                                 vq_loss=codebook_loss + self.cfg.beta * commit_loss)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .arms import ArmSpec, TrainSettings, run_arm, teacher_semantic_config
-from .data import make_digit_data
+from .data import DATASETS, make_data
 from .teacher import train_teacher
 
 MAIN_ARMS = (ArmSpec("P", w_sem=0.0), ArmSpec("S", w_dis=0.0), ArmSpec("TF"),
@@ -28,8 +28,11 @@ class ExperimentConfig:
     usage_window: int = 8192
     sweep: tuple[float, ...] = (0.3, 3.0)  # extra w values; w = 0 is S, 1 is TF, "infinity" is P
     threads: int = 1  # why 1: on the shared, overloaded 2-core box 2-thread ops stall on OpenMP barriers
+    dataset: str = "digits"  # digits | shapes (experiment/data.py)
 
     def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         for name in ("seeds", "steps", "teacher_steps", "copies", "codebook_size", "usage_window", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -59,7 +62,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> dict:
     results: dict[str, list[dict]] = {s.name: [] for s in specs}
     teacher_acc = []
     for seed in range(cfg.seeds):
-        data = make_digit_data(seed, copies=cfg.copies, side=cfg.side)
+        data = make_data(cfg.dataset, seed, copies=cfg.copies, side=cfg.side)
         teacher = train_teacher(teacher_semantic_config(cfg.side), data.a, data.c, cfg.teacher_steps, seed)
         teacher_acc.append(teacher.acc_c)
         log(f"seed {seed}: teacher digit acc on C {teacher.acc_c:.3f}")

@@ -8,7 +8,11 @@ per-round ratios, and every round is kept in the JSON. Figures come from the sec
 report interval: pipeline start-up and warm-up excluded, and long enough that prefetched data cannot hide a
 pipeline that falls behind); checkpoint and report time are excluded by the meter. The same step in independent
 processes (no Ray, no sync; `ceiling.py`) is measured in the same invocation as the ceiling the ratio can reach on
-this box. `tokenflow tokenizer bench --train` merges this dict into the bench JSON.
+this box, once per round, so each round gives its own `train_vs_ceiling` = (2-vs-1 ratio) / (ceiling's 2-vs-1 ratio);
+the headline is the median over rounds. Each round also runs the 2-worker config over a dataset a third the size
+(3 epochs in the run instead of 1): with the indexed pipeline an epoch boundary costs nothing, so
+`train_epochs_ratio` (images/s at 3 epochs / at 1) should be ~1. `tokenflow tokenizer bench --train` merges this
+dict into the bench JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class TrainBenchConfig:
     grad_compress: str = "none"  # scaling.grad_compress of the runs
     pin_cpus: bool = True  # scaling.pin_cpus of the runs (the tiny config's setting)
     ceiling: bool = True  # also time the same step in independent processes, without Ray or sync (ceiling.py)
+    epochs_check: bool = True  # also run max(workers) over 3 epochs of a third of the data (epoch-boundary cost)
 
     def __post_init__(self) -> None:
         if self.steps < 4 or self.steps % 2:
@@ -41,17 +46,16 @@ class TrainBenchConfig:
                 or self.accum_steps < 1:
             raise ValueError("batch_size, repeats, accum_steps and worker counts must be >= 1")
 
-    @property
-    def num_images(self) -> int:
-        # One epoch covers the run: an epoch boundary restarts the pipeline mid-measurement.
-        return self.steps * self.batch_size * self.accum_steps * max(self.workers) + 4 * self.batch_size
+    def num_images(self, epochs: int = 1) -> int:
+        """Training images so that the run's samples make `epochs` passes over them."""
+        return (self.steps * self.batch_size * self.accum_steps * max(self.workers) + 4 * self.batch_size) // epochs
 
 
-def train_config(cfg: TrainBenchConfig, workers: int, storage: str, name: str):
+def train_config(cfg: TrainBenchConfig, workers: int, storage: str, name: str, epochs: int = 1):
     from .config import TrainConfig
 
     return TrainConfig().replace(
-        data={"source": "digits", "num_images": cfg.num_images, "image_size": 16, "batch_size": cfg.batch_size,
+        data={"source": "digits", "num_images": cfg.num_images(epochs), "batch_size": cfg.batch_size,
               "map_workers": cfg.map_workers, "map_cpus": cfg.map_cpus},
         optim={"lr": 1e-3, "ema_decay": 0.99, "accum_steps": cfg.accum_steps},
         schedule={"steps": cfg.steps, "log_every": cfg.steps // 2, "checkpoint_every": cfg.steps},
@@ -69,6 +73,16 @@ def summarize(rounds: list[dict[int, dict]], workers: tuple[int, ...]) -> dict:
         ratios = [r[2]["images_per_s"] / r[1]["images_per_s"] for r in rounds]
         out["train_speedup_2v1"] = statistics.median(ratios)
         out["train_speedup_2v1_rounds"] = ratios
+        if all("ceiling" in r for r in rounds):
+            vs = [ratio / (r["ceiling"][2] / r["ceiling"][1]) for ratio, r in zip(ratios, rounds)]
+            out["train_vs_ceiling"] = statistics.median(vs)
+            out["train_vs_ceiling_rounds"] = vs
+            out["train_ceiling_rounds"] = [r["ceiling"] for r in rounds]
+    if all("epochs3" in r for r in rounds):
+        top = max(workers)
+        e = [r["epochs3"]["images_per_s"] / r[top]["images_per_s"] for r in rounds]
+        out["train_epochs_ratio"] = statistics.median(e)
+        out["train_epochs_ratio_rounds"] = e
     return out
 
 
@@ -81,25 +95,31 @@ def measure_train_throughput(cfg: TrainBenchConfig | None = None, storage_dir: s
     # workers costs them (docs/tokenizer.md).
     ensure_ray(include_dashboard=False)
     storage = storage_dir or tempfile.mkdtemp(prefix="tokenflow-train-bench-")
-    rounds: list[dict[int, dict]] = []
+    from .ceiling import measure_ceiling
+
+    rounds: list[dict] = []
     for r in range(cfg.repeats):
-        per: dict[int, dict] = {}
-        for n in cfg.workers:
-            m = run_training(train_config(cfg, n, storage, f"bench-{n}w-{r}"), show_progress=False).metrics
-            per[n] = {k: m[k] for k in FIGURES}
-            log(f"round {r + 1}/{cfg.repeats}, {n} worker(s): {m['images_per_s']:.0f} images/s, step "
-                f"{1e3 * m['step_time_s']:.1f} ms (sync {1e3 * m['sync_time_s']:.1f}), data wait "
+        per: dict = {}
+        runs = [(n, 1) for n in cfg.workers] + ([(max(cfg.workers), 3)] if cfg.epochs_check else [])
+        runs = runs if r % 2 == 0 else runs[::-1]  # alternate the order: the box drifts within a round
+        for n, epochs in runs:
+            m = run_training(train_config(cfg, n, storage, f"bench-{n}w-{epochs}e-{r}", epochs),
+                             show_progress=False).metrics
+            per[n if epochs == 1 else "epochs3"] = {k: m[k] for k in FIGURES}
+            log(f"round {r + 1}/{cfg.repeats}, {n} worker(s), {epochs} epoch(s): {m['images_per_s']:.0f} images/s, "
+                f"step {1e3 * m['step_time_s']:.1f} ms (sync {1e3 * m['sync_time_s']:.1f}), data wait "
                 f"{1e3 * m['data_wait_s']:.2f} ms")
+        if cfg.ceiling:
+            per["ceiling"] = measure_ceiling(cfg.workers, image_size=16, batch_size=cfg.batch_size)
+            log(f"round {r + 1}/{cfg.repeats}, ceiling: {per['ceiling']}")
         rounds.append(per)
     out = summarize(rounds, cfg.workers)
     out["train_bench_config"] = asdict(cfg)
     if cfg.ceiling:
-        from .ceiling import measure_ceiling
-
-        ceiling = measure_ceiling(cfg.workers, image_size=16, batch_size=cfg.batch_size)
+        ceiling = {n: statistics.median(r["ceiling"][n] for r in rounds) for n in cfg.workers}
         out["train_ceiling_images_s"] = ceiling
         if 1 in ceiling and 2 in ceiling:
-            out["train_ceiling_2v1"] = ceiling[2] / ceiling[1]
+            out["train_ceiling_2v1"] = statistics.median(r["ceiling"][2] / r["ceiling"][1] for r in rounds)
     return out
 
 

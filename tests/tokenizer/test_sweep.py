@@ -1,0 +1,37 @@
+"""The capacity sweep's plumbing on a tiny real run: both datasets, the bits-matched PxS arm, pieces merged."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tokenflow_ray.tokenizer.experiment.data import make_data
+from tokenflow_ray.tokenizer.experiment.sweep import SweepConfig, append_runs, markdown, run_sweep
+
+
+def test_shapes_dataset_splits_by_source_and_keeps_colour_a_nuisance():
+    d = make_data("shapes", seed=0, copies=2)
+    assert not set(d.a.source_N) & set(d.c.source_N) and not set(d.b.source_N) & set(d.c.source_N)
+    assert set(np.unique(d.a.digit_N)) == {0, 1, 2, 3}
+    assert d.a.images_NCHW.shape[1:] == (3, 16, 16) and -1 <= d.a.images_NCHW.min() < d.a.images_NCHW.max() <= 1
+    # Two colourings of one source share the shape but not (in general) the colours.
+    assert (d.a.alpha_N1HW[0] == d.a.alpha_N1HW[1]).all() and d.a.digit_N[0] == d.a.digit_N[1]
+
+
+def test_sweep_pieces_merge_and_pxs_is_bits_matched(tmp_path):
+    out = tmp_path / "capacity.json"
+    for seed in (0, 1):
+        cfg = SweepConfig(dataset="shapes", seeds=(seed,), codebook_sizes=(16, 64), steps=2, teacher_steps=2,
+                          copies=1)
+        result = append_runs(out, run_sweep(cfg, log=lambda _: None), cfg)
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 2 * 2 * 4 and len(result["configs"]) == 2
+    pxs = [r for r in runs if r["arm"] == "PxS" and r["k"] == 64]
+    tf = [r for r in runs if r["arm"] == "TF" and r["k"] == 64]
+    assert all(r["bits_per_token"] == 6 for r in pxs + tf)  # sqrt(64) x sqrt(64) pairs: log2 64 bits, as TF's K=64
+    summary = result["summary"]["shapes"]
+    assert summary["table"][16]["TF"]["seeds"] == 2 and summary["gaps"][64]["s_minus_tf_class_pts"]["n"] == 2
+    assert set(summary["verdict"]) >= {"s_minus_tf_class_pts", "p_minus_tf_psnr_db"}
+    assert "| 64 | PxS | 2 |" in markdown(result)
+    with pytest.raises(ValueError, match="perfect squares"):
+        SweepConfig(codebook_sizes=(100, 200))
