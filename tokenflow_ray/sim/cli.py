@@ -57,10 +57,12 @@ def _simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"--policy: unknown {sorted(unknown)}; choose from {', '.join(POLICY_NAMES)}")
     progress = _progress_factory(not args.no_progress)
     # Table 2 is the 4090's setup (b); everything else defaults to the H200 and setup (a).
+    args.gpu_given = args.gpu
     args.gpu = args.gpu or ("4090" if args.ablation else "h200")
     args.setup = args.setup or ("b" if args.ablation else "a")
     if args.table:
-        out = experiments.reproduction(model=args.model, seed=args.seed, progress=progress)
+        gpus = (args.gpu_given,) if args.gpu_given else ("4090", "h200")
+        out = experiments.reproduction(gpus=gpus, model=args.model, seed=args.seed, progress=progress)
         print(out["table_markdown"])
     elif args.sweep == "rate":
         out = experiments.rate_sweep(args.gpu, args.model, args.setup, seed=args.seed, replicas=args.replicas)
@@ -140,7 +142,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=None, help="override the setup's request count")
     p.add_argument("--rate", type=float, default=DEFAULT_RATE, help="reader rate, tok/s")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--table", action="store_true", help="setups a-d on the 4090 and H200 profiles")
+    p.add_argument("--table", action="store_true",
+                   help="setups a-d on the 4090 and H200 profiles (only --gpu's when given)")
     p.add_argument("--sweep", choices=("rate", "mu", "delta_t"), default=None)
     p.add_argument("--ablation", action="store_true", help="Table 2 variants (default 4090, setup b)")
     p.add_argument("--streams", type=int, default=None, help="validate: streams per regime (40); scale: streams")
