@@ -44,7 +44,7 @@ def _engine(args: argparse.Namespace) -> int:
 
     cfg = EngineBenchConfig(model=args.model, dtype=args.dtype, batches=args.batch, prompt_len=args.prompt_len,
                             new_tokens=args.new_tokens, repeats=args.repeats, generate_batch=not args.no_generate_batch,
-                            peer=args.peer, peer_env=args.vllm_env, overlap=not args.no_overlap,
+                            peer=args.peer, peer_env=args.vllm_env, overlap=args.overlap,
                             profile_batch=args.profile_batch or None)
     if cfg.peer:
         from tokenflow_ray.bench.peer.vllm_env import PeerError
@@ -236,8 +236,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch (slow)")
     p.add_argument("--peer", choices=["vllm"], help="also vLLM's offline decode tok/s (own venv, created if missing)")
     p.add_argument("--vllm-env", metavar="DIR", help="the vLLM venv (default: <cache>/peers/vllm-<version>)")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="headline figures without overlapped scheduling (both modes are measured either way)")
+    p.add_argument("--overlap", action="store_true",
+                   help="headline figures with overlapped scheduling (both modes are measured either way)")
     p.add_argument("--profile-batch", type=int, default=32, help="profile a decode step at this batch (0: skip)")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(handler=_engine)

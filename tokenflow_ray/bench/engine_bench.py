@@ -43,7 +43,9 @@ class EngineBenchConfig:
     seed: int = 0
     peer: str | None = None  # "vllm": also vLLM's offline tok/s on the same model, prompts and batches (own venv)
     peer_env: str | None = None  # the vLLM venv; None: the default under the cache folder (created if missing)
-    overlap: bool = True  # "ours" runs with overlapped scheduling; the other mode is measured beside it
+    # "ours" with overlapped scheduling; the other mode is measured beside it either way. Off by default: on a
+    # CPU box the model's OpenMP team and the planning thread share the same cores (README, engine speed).
+    overlap: bool = False
     profile_batch: int | None = 32  # where a decode step's time goes at this batch (None: skip)
 
     def __post_init__(self) -> None:
