@@ -10,6 +10,7 @@ import torch
 from tokenflow_ray.runner.attention import SdpaPagedAttention, flash_attn_available
 from tokenflow_ray.runner.gpu_check import (
     copy_overlap,
+    kv_copy_overlap,
     kv_transfer_roundtrip,
     llama8b_step_time,
     paged_attention_parity,
@@ -30,6 +31,7 @@ def main() -> None:
     out["sdpa_cuda_vs_cpu_max_abs"] = _sdpa_cuda_vs_cpu()
     out["kv_transfer_roundtrip"] = kv_transfer_roundtrip()
     out["copy_overlap"] = copy_overlap()
+    out["kv_copy_overlap"] = kv_copy_overlap()  # KVTransfer's evict/load streams beside compute
     out["llama8b_sdpa"] = llama8b_step_time(backend="sdpa")
     if out["flash_attn"]:
         out["llama8b_flash"] = llama8b_step_time(backend="flash")

@@ -90,7 +90,8 @@ class LLMEngine:
 
         config = config or EngineConfig()
         runner = TorchModelRunner(config)
-        return cls(config, runner, runner.tokenizer, clock)
+        # The runner may pick device defaults (on CUDA with flash-attn, its block size): schedule with its config.
+        return cls(runner.config, runner, runner.tokenizer, clock)
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,

@@ -126,7 +126,7 @@ def llama8b_step_time(device: str = "cuda", batch: int = 32, context: int = 1024
         torch.nn.init.normal_(p, std=0.02)
     model.build_rope_tables(8192, dev)
     block = 256
-    nblocks = batch * (-(-context // block)) + 1
+    nblocks = batch * (-(-context // block)) + 1  # the last one is spare: the CUDA graph's padding writes there
     kv = torch.zeros(32, 2, nblocks, block, 8, 128, dtype=torch.bfloat16, device=dev)
     attn = select_backend(dev, block, backend)
     width = -(-context // block)
@@ -140,14 +140,94 @@ def llama8b_step_time(device: str = "cuda", batch: int = 32, context: int = 1024
                              scale=128 ** -0.5)
     ids = torch.randint(0, 128256, (batch,), device=dev)
     pos = torch.full((batch,), context - 1, device=dev)
-    with torch.inference_mode():
+
+    def timed(fn, n: int = 10) -> float:
         for _ in range(3):
-            model.compute_logits(model(ids, pos, kv, meta, attn))
+            fn()
         torch.cuda.synchronize(dev)
         t = time.perf_counter()
-        for _ in range(10):
-            model.compute_logits(model(ids, pos, kv, meta, attn))
+        for _ in range(n):
+            fn()
         torch.cuda.synchronize(dev)
-    step = (time.perf_counter() - t) / 10
-    return {"backend": attn.name, "batch": batch, "context": context, "step_ms": step * 1e3,
-            "tok_s": batch / step}
+        return (time.perf_counter() - t) / n
+
+    with torch.inference_mode():
+        step = timed(lambda: model.compute_logits(model(ids, pos, kv, meta, attn)))
+        out = {"backend": attn.name, "batch": batch, "context": context, "step_ms": step * 1e3, "tok_s": batch / step}
+        if attn.name == "flash":  # decode CUDA graph of this batch, padding into the spare last block
+            from tokenflow_ray.runner.cuda_graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(lambda i, p, m: model(i, p, kv, m, attn), [batch], width, block,
+                                  scratch_block=nblocks - 1, device=dev, scale=meta.scale)
+            eager_h = model(ids, pos, kv, meta, attn)
+            graph_h = graphs.run(ids, pos, meta)
+            out["graph_vs_eager_max_abs"] = float((graph_h.float() - eager_h.float()).abs().max())
+            g_step = timed(lambda: model.compute_logits(graphs.run(ids, pos, meta)))
+            out.update(graph_step_ms=g_step * 1e3, graph_tok_s=batch / g_step)
+    # HBM roofline: every weight but the embedding and the whole context's KV read once per step
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("embed"))
+    kv_bytes = batch * context * 32 * 2 * 8 * 128 * 2
+    bw = hbm_bandwidth(dev)
+    roof_ms = (weight_bytes + kv_bytes) / bw * 1e3
+    best = min(out["step_ms"], out.get("graph_step_ms", out["step_ms"]))
+    out.update(hbm_gb_s=bw / 1e9, roofline_ms=roof_ms, of_roofline=roof_ms / best)
+    return out
+
+
+def hbm_bandwidth(device: torch.device, mb: int = 1024) -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    x = torch.empty(mb * 2 ** 20, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize(device)
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
+def kv_copy_overlap(device: str = "cuda", blocks: int = 16) -> dict:
+    """KVTransfer's evict/load streams beside compute: a step's worth of matmuls alone, the same with 2x`blocks`
+    8B-shaped KV blocks (256 tokens) copied out and in per launch, and the copies alone; the join must not stall
+    the host before compute (launch_ms is the host time to enqueue everything)."""
+    from tokenflow_ray.engine.plan import BlockCopy, StepPlan
+    from tokenflow_ray.runner.kv_transfer import KVTransfer
+
+    dev = torch.device(device)
+    kv = torch.randn(32, 2, 4 * blocks, 256, 8, 128, device=dev, dtype=torch.bfloat16)
+    transfer = KVTransfer(kv, num_host_blocks=2 * blocks)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    plan = StepPlan(0, write_through=tuple(BlockCopy("a", i, i) for i in range(blocks)),
+                    swap_in=tuple(BlockCopy("b", 2 * blocks + i, blocks + i) for i in range(blocks)))
+
+    def compute() -> None:
+        for _ in range(20):
+            a @ a
+
+    def timed(fn) -> float:
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t
+
+    launch_s: list[float] = []
+
+    def both() -> None:
+        t = time.perf_counter()
+        handle = transfer.launch(plan)
+        launch_s.append(time.perf_counter() - t)
+        compute()
+        transfer.wait(handle)
+
+    compute(), both()
+    t_compute = timed(compute)
+    t_copy = timed(lambda: transfer.wait(transfer.launch(plan)))
+    t_both = timed(both)
+    roundtrip = float((kv[:, :, 2 * blocks:3 * blocks].float() - transfer.host_kv[blocks:2 * blocks]
+                       .transpose(0, 1).transpose(1, 2).to(dev).float()).abs().max())
+    return {"compute_s": t_compute, "copy_s": t_copy, "both_s": t_both, "launch_ms": launch_s[-1] * 1e3,
+            "overlap_fraction": (t_compute + t_copy - t_both) / min(t_compute, t_copy),
+            "copy_gb_s": 2 * blocks * transfer.block_bytes / t_copy / 1e9, "load_matches_host_max_abs": roundtrip}

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
-from tokenflow_ray.engine.config import EngineConfig
+from tokenflow_ray.engine.config import CacheConfig, EngineConfig
 from tokenflow_ray.engine.plan import StepPlan, StepResult
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.models.llama import LlamaForPagedLM
 from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
-from tokenflow_ray.runner.attention import select_backend
+from tokenflow_ray.runner.attention import flash_attn_available, select_backend
 from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.sampler import sample
 from tokenflow_ray.runner.step_state import PersistentBatch
@@ -38,13 +39,35 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+FLASH_BLOCK_SIZE = 256  # flash-attn 2's paged KV kernel wants block sizes in multiples of this
+DEFAULT_BLOCK_SIZE = CacheConfig().block_size
+
+
+def gpu_cache_defaults(config: EngineConfig, cuda: bool, flash: bool) -> EngineConfig:
+    """On CUDA with flash-attn importable and the attention backend on auto, the default block size becomes one
+    flash-attn's paged kernel takes, with the pool's token capacity kept: flash-attn (and the decode CUDA graphs it
+    allows) is then what a default config runs. A block size set by hand is left alone (SDPA then, as before)."""
+    cc = config.cache
+    if not (cuda and flash and config.model.attention_backend == "auto" and cc.block_size == DEFAULT_BLOCK_SIZE):
+        return config
+    blocks = max(1, cc.num_device_blocks * cc.block_size // FLASH_BLOCK_SIZE)
+    host = -(-cc.num_host_blocks * cc.block_size // FLASH_BLOCK_SIZE)
+    log.info("CUDA + flash-attn: block_size %d -> %d (%d device blocks)", cc.block_size, FLASH_BLOCK_SIZE, blocks)
+    return replace(config, cache=replace(cc, block_size=FLASH_BLOCK_SIZE, num_device_blocks=blocks,
+                                         num_host_blocks=host))
+
+
 class TorchModelRunner:
     def __init__(self, config: EngineConfig, attention_backend: str | None = None) -> None:
+        device = resolve_device(config.model.device)
+        if attention_backend is None:
+            config = gpu_cache_defaults(config, device.type == "cuda", flash_attn_available())
+        self.config = config  # the engine builds its scheduler from this one (the block size may differ)
         mc, cc = config.model, config.cache
         if mc.num_threads is not None:
             torch.set_num_threads(mc.num_threads)
         self._num_threads = torch.get_num_threads()
-        self.device = resolve_device(mc.device)
+        self.device = device
         self.dtype = resolve_dtype(mc.dtype, self.device)
         self.model_dir = resolve_model_dir(mc.model)
         hf_config = load_hf_config(self.model_dir)
@@ -64,14 +87,27 @@ class TorchModelRunner:
         L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
         # One tensor for the whole pool: [layers, K/V, blocks, block_size, kv_heads, head_dim]. A block's KV for
         # every layer is one index away, which is what host spill copies want.
-        self.kv_cache = torch.zeros((L, 2, cc.num_device_blocks, cc.block_size, kvh, hd), dtype=self.dtype,
-                                    device=self.device)
         self.backend = select_backend(self.device, cc.block_size, attention_backend or mc.attention_backend,
                                       self.dtype)
+        # CUDA graphs for decode steps (flash-attn reads lengths and tables from tensors, so it can be captured);
+        # their padding rows write into one extra pool block that no stream owns.
+        use_graphs = self.device.type == "cuda" and self.backend.name == "flash"
+        self.kv_cache = torch.zeros((L, 2, cc.num_device_blocks + use_graphs, cc.block_size, kvh, hd),
+                                    dtype=self.dtype, device=self.device)
         self.batch = PersistentBatch(config.scheduler.max_num_seqs + 8,
                                      min(-(-max_len // cc.block_size), cc.num_device_blocks), cc.block_size,
                                      self.device, torch.int32 if self.backend.name == "flash" else torch.long,
                                      sdpa_mask=self.backend.name == "sdpa")
+        self.graphs = None
+        if use_graphs:
+            from tokenflow_ray.runner.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
+
+            sizes = [b for b in DEFAULT_SIZES if b < config.scheduler.max_num_seqs] + [config.scheduler.max_num_seqs]
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(
+                    lambda ids, pos, meta: self.model(ids, pos, self.kv_cache, meta, self.backend), sizes,
+                    self.batch.tables.shape[1], cc.block_size, scratch_block=cc.num_device_blocks,
+                    device=self.device, scale=hd ** -0.5)
         self.transfer = KVTransfer(self.kv_cache, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
         self.scale = hd ** -0.5
         self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
@@ -111,7 +147,9 @@ class TorchModelRunner:
 
     def _forward(self, plan: StepPlan) -> dict[str, int]:
         step = self.batch.inputs(plan, self.scale)
-        hidden = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend)
+        hidden = self.graphs.run(step.input_ids, step.positions, step.meta) if self.graphs is not None else None
+        if hidden is None:  # prefill or mixed steps, batches past the largest graph, and CPU
+            hidden = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend)
         sampled: dict[str, int] = {}
         if step.sample_rows:
             rows = step.sample_rows
