@@ -55,7 +55,7 @@ class DecoderLayer(nn.Module):
         """residual += delta (the previous layer's MLP output; empty for the first layer), in place; returns this
         layer's MLP output, which the next layer (or the final norm) adds."""
         h_TH = ops.add_rms_norm_(delta_TH, residual_TH, self.input_norm, self.eps)
-        qkv = self.qkv(h_TH)
+        qkv = self.qkv.forward(h_TH)  # .forward: no module-call overhead (no hooks at inference)
         T = qkv.shape[0]
         ops.rope_write_kv_(qkv, positions_T, rope_cos, rope_sin, kv_cache[0], kv_cache[1], attn.slot_mapping,
                            self.heads, self.kv_heads, self.head_dim)
@@ -63,8 +63,8 @@ class DecoderLayer(nn.Module):
         k_THD = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.kv_heads, self.head_dim)
         v_THD = qkv[:, self.q_size + self.kv_size:].view(T, self.kv_heads, self.head_dim)
         out = backend.forward(q_THD, k_THD, v_THD, kv_cache[0], kv_cache[1], attn)
-        h_TH = ops.add_rms_norm_(self.o(out), residual_TH, self.post_norm, self.eps)
-        return self.down(ops.silu_mul(self.gate_up(h_TH)))
+        h_TH = ops.add_rms_norm_(self.o.forward(out), residual_TH, self.post_norm, self.eps)
+        return self.down.forward(ops.silu_mul(self.gate_up.forward(h_TH)))
 
 
 def _rope(x_TND: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
