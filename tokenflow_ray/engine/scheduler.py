@@ -406,6 +406,8 @@ class Scheduler:
     # ---- invariants -------------------------------------------------------------------------------------------
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.streams.values())
+        assert self._finishing <= set(self.streams), "a stream marked as finishing is gone"
+        assert set(self._table_sent) <= set(self.streams), "the runner is sent a table of a stream that is gone"
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"
