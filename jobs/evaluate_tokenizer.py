@@ -1,4 +1,5 @@
-"""Ray job entrypoint: evaluate a training checkpoint (PSNR, SSIM, usage) and write samples.png + metrics.json.
+"""Ray job entrypoint: evaluate a training checkpoint on its held-out split (PSNR, SSIM, rFID with --fid-features,
+usage) and write samples.png + metrics.json.
 
     ray job submit --working-dir . -- python jobs/evaluate_tokenizer.py --checkpoint RUN_OR_CKPT_DIR --out DIR
 """

@@ -1,7 +1,8 @@
 """Ray job entrypoint: train the tokenizer on the cluster the job runs in.
 
     RAY_AUTH_MODE=token ray job submit --address http://HEAD:8265 --working-dir . -- \
-        python jobs/train_tokenizer.py --config configs/tokenizer/tiny.yaml [--workers N] [--storage DIR] [--name NAME]
+        python jobs/train_tokenizer.py --config configs/tokenizer/tiny.yaml [--workers N] [--storage DIR] [--name NAME] \
+        [--set model.quantizer.codebook_size=1024 ...]
 
 Inside a job `ray.init()` joins the job's cluster. Resubmitting with the same --name and --storage resumes the run.
 """

@@ -44,10 +44,11 @@ def _sweep(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module="sklearn")
         warnings.filterwarnings("ignore", message=".*lbfgs failed to converge.*")
-        rows = run_sweep(cfg)
-    if Path(args.json).parent and not Path(args.json).parent.exists():
-        raise ValueError(f"--json directory does not exist: {Path(args.json).parent}")
-    result = append_runs(args.json, rows, cfg)  # merged with the runs already in the file (pieces of one sweep)
+        if Path(args.json).parent and not Path(args.json).parent.exists():
+            raise ValueError(f"--json directory does not exist: {Path(args.json).parent}")
+        # Each run is merged into --json as soon as it is done (pieces of one sweep, and a piece cut short, add up).
+        run_sweep(cfg, on_row=lambda row: append_runs(args.json, [row], cfg))
+    result = append_runs(args.json, [], cfg)
     Path(args.plots).mkdir(parents=True, exist_ok=True)
     (Path(args.plots) / "capacity.md").write_text(markdown(result))
     print(markdown(result))

@@ -62,8 +62,9 @@ def _spec(arm: str) -> ArmSpec:
             "PxS": ArmSpec("PxS", index_mode="separate")}[arm]
 
 
-def run_sweep(cfg: SweepConfig, log=print) -> list[dict]:
-    """Train and score every (seed, K, arm); returns one row per run."""
+def run_sweep(cfg: SweepConfig, log=print, on_row=None) -> list[dict]:
+    """Train and score every (seed, K, arm); returns one row per run (`on_row(row)` sees each as it is done, so a
+    piece cut short by a time limit keeps what it finished)."""
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -84,6 +85,8 @@ def run_sweep(cfg: SweepConfig, log=print) -> list[dict]:
                 m["bits_per_token"] = math.log2(k)
                 rows.append({"dataset": cfg.dataset, "seed": seed, "k": k, "arm": arm, "teacher_acc": teacher.acc_c,
                              **{key: float(v) for key, v in m.items()}})
+                if on_row is not None:
+                    on_row(rows[-1])
                 log(f"{cfg.dataset} seed {seed} K {k:5d} {arm:4s} psnr {m['psnr']:.2f} class {m['digit_acc']:.3f} "
                     f"colour {m['color_acc']:.3f} usage {m['usage']:.3f} ({m['seconds']:.0f}s)")
     return rows
@@ -96,7 +99,8 @@ def append_runs(path: str | Path, rows: list[dict], cfg: SweepConfig) -> dict:
     key = lambda r: (r["dataset"], r["seed"], r["k"], r["arm"])  # noqa: E731
     merged = {key(r): r for r in old["runs"]}
     merged.update({key(r): r for r in rows})
-    configs = old.get("configs", []) + [asdict(cfg)]
+    configs = old.get("configs", [])
+    configs = configs if asdict(cfg) in configs else configs + [asdict(cfg)]
     result = {"runs": sorted(merged.values(), key=key), "configs": configs}
     result["summary"] = summarize(result["runs"])
     file.write_text(json.dumps(result, indent=2))
