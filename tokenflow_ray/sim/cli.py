@@ -60,6 +60,17 @@ def _simulate(args: argparse.Namespace) -> int:
     args.gpu_given = args.gpu
     args.gpu = args.gpu or ("4090" if args.ablation else "h200")
     args.setup = args.setup or ("b" if args.ablation else "a")
+    if args.table_from:
+        import json
+        from pathlib import Path
+
+        runs = {}
+        for path in args.table_from.split(","):
+            run = json.loads(Path(path).read_text())
+            for key, r in (run["runs"].items() if "runs" in run else [(f"{run['setup']['gpu']}/{run['setup']['name']}", run)]):
+                runs[key] = r
+        print(experiments.reproduction_markdown(runs))
+        return 0
     if args.table:
         gpus = (args.gpu_given,) if args.gpu_given else ("4090", "h200")
         out = experiments.reproduction(gpus=gpus, model=args.model, seed=args.seed, progress=progress)
@@ -144,6 +155,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--table", action="store_true",
                    help="setups a-d on the 4090 and H200 profiles (only --gpu's when given)")
+    p.add_argument("--table-from", default=None,
+                   help="comma-separated JSON files of earlier runs: print their reproduction table")
     p.add_argument("--sweep", choices=("rate", "mu", "delta_t"), default=None)
     p.add_argument("--ablation", action="store_true", help="Table 2 variants (default 4090, setup b)")
     p.add_argument("--streams", type=int, default=None, help="validate: streams per regime (40); scale: streams")

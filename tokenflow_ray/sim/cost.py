@@ -128,6 +128,18 @@ class CalibratedStepCost:
         return cls(fit, context)
 
 
+    def with_overhead(self, samples: Sequence[tuple[StepShape, float]]) -> CalibratedStepCost:
+        """This law plus a per-step constant fitted on another policy's steps: the median of what the law leaves
+        (robust to the odd slow step). The model's costs per token do not depend on the policy; the policy's own
+        planning time per step does."""
+        if not samples:
+            raise ValueError("calibration: no measured steps")
+        resid = sorted(t - self.step_s(s) for s, t in samples)
+        extra = resid[len(resid) // 2]
+        fit = StepTimeFit(max(0.0, self.fit.fixed_s + extra), self.fit.decode_s, self.fit.prefill_s)
+        return CalibratedStepCost(fit, self.context_s)
+
+
 @dataclass(frozen=True)
 class HostLink:
     """The device<->host copy path of one replica (all TP ranks together)."""

@@ -1,13 +1,15 @@
 """`tokenflow simulate validate`: the same seeded workloads on the real CPU engine and in the simulator with the
 calibrated cost model, at low load, ~85% of capacity and overload.
 
-1. Calibrate, on runs held out from the comparison (another seed, another load): per policy, the real engine runs
-   a burst and every step is timed whole on the wall clock (planning, the model, the update: what the engine
-   delivers a step). `CalibratedStepCost.from_samples` fits the engine's step-time law on those steps (cost.py);
-   copy bandwidth is the mean over the runner's measured copies. The fcfs calibration burst is unpaced, so every
-   step decodes what fits: its fit gives the decode capacity Γ at the batch the pool holds, and the regimes are
-   set from it; the other policies calibrate at 0.6 Γ (their scheduling costs differ: tokenflow ranks every
-   step).
+1. Calibrate, on runs held out from the comparison (another seed, another load): the real engine runs a burst
+   and every step is timed whole on the wall clock (planning, the model, the update: what the engine delivers a
+   step). The fcfs calibration burst is unpaced, so every step decodes what fits; `CalibratedStepCost.from_samples`
+   fits the engine's step-time law on its steps (cost.py), which gives the decode capacity Γ at the batch the
+   pool holds, and the regimes are set from it. The other policies run a calibration burst at 0.6 Γ, and only a
+   per-step constant is fitted on their steps (`with_overhead`: the model's per-token costs do not depend on the
+   policy, its planning time does; fitting all coefficients per policy let tokenflow's rebalance steps, which
+   coincide with admissions, inflate its prefill cost by half). Copy bandwidth is the median of the runner's
+   measured copies.
 2. Compare: each regime's burst (`num_streams` streams, Σ rates = load × Γ) under each policy on the real engine
    and in the simulator (the same EngineConfig, the same requests). Errors are |sim − real| / real of TTFT
    p50/p99, raw and effective throughput; `same_ranking`: the policies in the same order by effective throughput
@@ -166,7 +168,7 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
             continue
         rate = cfg.calibration_load * capacity / cfg.num_streams
         run = run_real(engine_config(cfg, policy), workload(cfg, cal_seed, rate))
-        calib[policy] = CalibratedStepCost.from_samples(run.samples)
+        calib[policy] = calib["fcfs"].with_overhead(run.samples)
         bandwidth += run.copy_bytes_s
         progress(f"calibrated {policy} on {len(run.samples)} steps: {calib[policy]}")
     copy_bw = statistics.median(bandwidth) if bandwidth else 2e9
