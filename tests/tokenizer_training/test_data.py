@@ -99,3 +99,17 @@ def test_indexed_samples_are_deterministic_and_resume_exactly():
     dec = SampleDecoder(rows, offset=0, **kw)
     assert sorted(dec._row(s) for s in range(5)) == list(range(5)) == sorted(dec._row(s) for s in range(5, 10))
     assert [dec._row(s) for s in range(5)] != [dec._row(s) for s in range(5, 10)]
+
+
+def test_predecoded_rows_give_the_same_samples_and_fall_back_past_the_budget():
+    from tokenflow_ray.tokenizer.training.data import predecode
+
+    raw = [_png(seed=i) for i in range(4)] + [b"corrupt"]
+    kw = dict(num_rows=5, offset=0, image_size=16, crop_scale_min=0.8, hflip=True, max_pixels=1 << 20, seed=1)
+    decoded = predecode(raw, 1 << 20, 1 << 30)
+    assert isinstance(decoded[0], np.ndarray) and decoded[4].size == 0
+    a = SampleDecoder(decoded, **kw)({"id": np.arange(10)})
+    b = SampleDecoder(np.array(raw, dtype=object), **kw)({"id": np.arange(10)})
+    assert np.array_equal(a["image"], b["image"]) and a["valid"].tolist() == b["valid"].tolist()
+    assert a["valid"].sum() == 8  # the corrupt row, visited once per epoch, is flagged both ways
+    assert isinstance(predecode(raw, 1 << 20, 100)[0], bytes)  # over the budget: bytes, decoded per sample

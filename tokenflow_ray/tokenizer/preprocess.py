@@ -52,12 +52,26 @@ def center_crop_resize(rgb, side: int) -> np.ndarray:
     return _to_array(rgb.resize((side, side), Image.BICUBIC, box=(x0, y0, x0 + s, y0 + s)))
 
 
-def random_crop_resize(rgb, side: int, rng: np.random.Generator, crop_scale_min: float, hflip: bool) -> np.ndarray:
-    """Random-resized square crop (paper §3: area fraction in [crop_scale_min, 1]), resize, optional flip."""
+def random_crop_resize(rgb, side: int, u4, crop_scale_min: float, hflip: bool) -> np.ndarray:
+    """Random-resized square crop (paper §3: area fraction in [crop_scale_min, 1]), resize, optional flip, from four
+    uniforms in [0, 1) (area, x, y, flip): the caller owns the randomness, so a sample's crop can be a pure function
+    of its id."""
     from PIL import Image
 
     w, h = rgb.size
-    s = min(w, h) * float(np.sqrt(rng.uniform(crop_scale_min, 1.0)))
-    x0, y0 = rng.uniform(0, w - s), rng.uniform(0, h - s)
+    s = min(w, h) * float(np.sqrt(crop_scale_min + (1.0 - crop_scale_min) * u4[0]))
+    x0, y0 = u4[1] * (w - s), u4[2] * (h - s)
     img = rgb.resize((side, side), Image.BICUBIC, box=(x0, y0, x0 + s, y0 + s))
-    return _to_array(img, flip=hflip and rng.random() < 0.5)
+    return _to_array(img, flip=hflip and u4[3] < 0.5)
+
+
+def sample_uniforms(seed: int, samples: np.ndarray, k: int = 4) -> np.ndarray:
+    """len(samples) x k uniforms in [0, 1), a pure function of (seed, sample id): splitmix64 over the ids, vectorised
+    (a Generator per sample costs ~20 us, as much as the crop itself)."""
+    with np.errstate(over="ignore"):
+        x = (np.asarray(samples, dtype=np.uint64)[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None]
+             + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)

@@ -24,20 +24,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..preprocess import decode_rgb, random_crop_resize
+from ..preprocess import decode_rgb, random_crop_resize, sample_uniforms
 from .config import DataSettings
 from .split import IMAGE_EXTENSIONS, resolve_split
 
 log = logging.getLogger(__name__)
 
 
-def _decode_one(data, size: int, max_pixels: int, rng, crop_min: float, hflip: bool) -> np.ndarray | None:
+def _decode_rgb(data, max_pixels: int):
     if data is None:
         return None
     try:
-        return random_crop_resize(decode_rgb(bytes(data), max_pixels), size, rng, crop_min, hflip)
+        return decode_rgb(bytes(data), max_pixels)
     except ValueError:  # undecodable, or over max_pixels (ImageTooLarge is a ValueError): counted as corrupt
         return None
+
+
+def _decode_one(data, size: int, max_pixels: int, u4, crop_min: float, hflip: bool) -> np.ndarray | None:
+    rgb = _decode_rgb(data, max_pixels)
+    return None if rgb is None else random_crop_resize(rgb, size, u4, crop_min, hflip)
 
 
 def _stack(images: list, valid: list, size: int, extra: dict | None = None) -> dict:
@@ -59,7 +64,7 @@ class ImageDecoder:
         self.rng = np.random.default_rng([seed, os.getpid()])
 
     def __call__(self, batch: dict) -> dict:
-        images = [_decode_one(d, self.size, self.max_pixels, self.rng, self.crop_min, self.hflip)
+        images = [_decode_one(d, self.size, self.max_pixels, self.rng.random(4), self.crop_min, self.hflip)
                   for d in batch["bytes"]]
         paths = batch.get("path")
         for i, a in enumerate(images):
@@ -73,10 +78,11 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 class SampleDecoder:
-    """Indexed pipeline stage: sample ids -> images; deterministic in (seed, sample id) alone."""
+    """Indexed pipeline stage: sample ids -> images; deterministic in (seed, sample id) alone. Each row is decoded
+    once per actor and kept (up to `cache_mb` of pixels): later epochs only crop and resize."""
 
     def __init__(self, rows, num_rows: int, offset: int, image_size: int, crop_scale_min: float, hflip: bool,
-                 max_pixels: int, seed: int) -> None:
+                 max_pixels: int, seed: int, cache_mb: int = 1024) -> None:
         import ray
 
         # The bytes arrive as [ObjectRef] (a bare ref in kwargs would not be resolved); every actor shares one copy.
@@ -84,6 +90,22 @@ class SampleDecoder:
         self.n, self.offset, self.size, self.crop_min, self.hflip = num_rows, offset, image_size, crop_scale_min, hflip
         self.max_pixels, self.seed = max_pixels, seed
         self._perm: tuple[int, np.ndarray] | None = None
+        self._cache: dict[int, object] = {}
+        self._cache_left = cache_mb << 20
+
+    def _rgb(self, row: int):
+        from PIL import Image
+
+        data = self.rows[row]
+        if isinstance(data, np.ndarray):  # decoded on the driver (predecode): nothing to decode here
+            return Image.fromarray(data) if data.size else None
+        if row in self._cache:
+            return self._cache[row]
+        rgb = _decode_rgb(data, self.max_pixels)
+        size = 3 * rgb.width * rgb.height if rgb is not None else 0
+        if size <= self._cache_left:
+            self._cache[row], self._cache_left = rgb, self._cache_left - size
+        return rgb
 
     def _row(self, sample: int) -> int:
         epoch, pos = divmod(sample, self.n)
@@ -93,8 +115,11 @@ class SampleDecoder:
 
     def __call__(self, batch: dict) -> dict:
         samples = batch["id"].astype(np.int64) + self.offset
-        images = [_decode_one(self.rows[self._row(int(s))], self.size, self.max_pixels,
-                              np.random.default_rng([self.seed, int(s)]), self.crop_min, self.hflip) for s in samples]
+        u = sample_uniforms(self.seed, samples)
+        images = []
+        for s, u4 in zip(samples, u):
+            rgb = self._rgb(self._row(int(s)))
+            images.append(None if rgb is None else random_crop_resize(rgb, self.size, u4, self.crop_min, self.hflip))
         return _stack(images, [a is not None for a in images], self.size, {"sample": samples})
 
 
@@ -124,6 +149,24 @@ def _read_rows(files: tuple[str, ...], cfg: DataSettings) -> list:
     return out
 
 
+def predecode(rows: list, max_pixels: int, budget_bytes: int) -> np.ndarray:
+    """The rows as decoded uint8 H x W x 3 arrays when they fit the budget (a corrupt row: an empty array), else
+    the encoded bytes unchanged. Decoding once here takes PNG/JPEG decoding off the training cores for every epoch;
+    the decode actors then only crop and resize."""
+    out, used = np.empty(len(rows), dtype=object), 0
+    for i, data in enumerate(rows):
+        rgb = _decode_rgb(data, max_pixels)
+        arr = np.asarray(rgb, dtype=np.uint8) if rgb is not None else np.zeros((0, 0, 3), np.uint8)
+        used += arr.nbytes
+        if used > budget_bytes:
+            log.info("training split too large to keep decoded (%d MiB budget): decoding per sample", budget_bytes >> 20)
+            fallback = np.empty(len(rows), dtype=object)
+            fallback[:] = rows
+            return fallback
+        out[i] = arr
+    return out
+
+
 def split_bytes(files: tuple[str, ...], cfg: DataSettings) -> int:
     import pyarrow.fs as pafs
 
@@ -146,7 +189,7 @@ def build_train_data(cfg: DataSettings, storage_dir: str, image_size: int, sampl
     rows = _read_rows(split.train_files, cfg)
     if not rows:
         raise ValueError(f"the training split of data.source {cfg.source!r} is empty")
-    ref = ray.put(np.array(rows, dtype=object))
+    ref = ray.put(predecode(rows, cfg.max_image_pixels, cfg.materialize_max_mb << 20))
     ds = ray.data.range(samples_needed, override_num_blocks=max(1, min(64, samples_needed // (4 * cfg.batch_size))))
     ds = ds.map_batches(
         SampleDecoder, fn_constructor_kwargs={"rows": [ref], "num_rows": len(rows), "offset": offset,
