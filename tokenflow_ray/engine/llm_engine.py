@@ -201,6 +201,9 @@ class LLMEngine:
     def step(self) -> list[StreamOutput]:
         if self.config.overlap_scheduling or self._inflight is not None:
             return self._step_overlapped()
+        if self._runner_thread is not None:  # overlap was switched off: end the runner thread (and the OpenMP
+            self._runner_thread.shutdown(wait=True)  # team it owns, which would stay beside this thread's)
+            self._runner_thread = None
         begun = self.begin_step()
         if begun.plan is None:
             return begun.outputs
