@@ -37,7 +37,7 @@ def test_validation_runs_the_real_engine_and_the_calibrated_sim_on_the_same_work
     pytest.importorskip("torch")
     from tokenflow_ray.sim.validate import ValidateConfig, run_validation
 
-    cfg = ValidateConfig(num_streams=6, loads=(("low", 0.4),), policies=("fcfs", "tokenflow"))
+    cfg = ValidateConfig(num_streams=6, loads=(("low", 0.4),), policies=("fcfs", "tokenflow"), repeats=1)
     out = run_validation(cfg, progress=lambda _: None)
     low = out["regimes"]["low"]
     assert set(low["errors"]) == {"fcfs", "tokenflow"} and low["streams"] == 6

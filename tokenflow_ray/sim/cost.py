@@ -128,16 +128,22 @@ class CalibratedStepCost:
         return cls(fit, context)
 
 
-    def with_overhead(self, samples: Sequence[tuple[StepShape, float]]) -> CalibratedStepCost:
-        """This law plus a per-step constant fitted on another policy's steps: the median of what the law leaves
-        (robust to the odd slow step). The model's costs per token do not depend on the policy; the policy's own
-        planning time per step does."""
+    def for_policy(self, samples: Sequence[tuple[StepShape, float]]) -> CalibratedStepCost:
+        """This law refitted on another policy's steps in what the policy changes: the model's costs per prefill
+        token and per context token stay (they do not depend on the policy), while the per-step and per-decode
+        terms are refitted (a policy's planning time is a constant plus work per running stream: tokenflow ranks
+        every stream every step and rebalances every Δt). Least squares (means, not medians: the periodic
+        rebalance steps are part of what the policy costs), by the engine's StepTimeModel."""
         if not samples:
             raise ValueError("calibration: no measured steps")
-        resid = sorted(t - self.step_s(s) for s, t in samples)
-        extra = resid[len(resid) // 2]
-        fit = StepTimeFit(max(0.0, self.fit.fixed_s + extra), self.fit.decode_s, self.fit.prefill_s)
-        return CalibratedStepCost(fit, self.context_s)
+        first = samples[0][1]
+        model = StepTimeModel(step_s=first, prefill_s_per_token=self.fit.prefill_s, decay=1.0)
+        for shape, t in samples:
+            rest = t - self.fit.prefill_s * shape.prefill_tokens - self.context_s * shape.decode_context
+            if shape.decodes:
+                model.observe(shape.decodes, 0, rest)
+        fit = model.fit
+        return CalibratedStepCost(StepTimeFit(fit.fixed_s, fit.decode_s, self.fit.prefill_s), self.context_s)
 
 
 @dataclass(frozen=True)

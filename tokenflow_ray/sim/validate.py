@@ -5,11 +5,13 @@ calibrated cost model, at low load, ~85% of capacity and overload.
    and every step is timed whole on the wall clock (planning, the model, the update: what the engine delivers a
    step). The fcfs calibration burst is unpaced, so every step decodes what fits; `CalibratedStepCost.from_samples`
    fits the engine's step-time law on its steps (cost.py), which gives the decode capacity Γ at the batch the
-   pool holds, and the regimes are set from it. The other policies run a calibration burst at 0.6 Γ, and only a
-   per-step constant is fitted on their steps (`with_overhead`: the model's per-token costs do not depend on the
-   policy, its planning time does; fitting all coefficients per policy let tokenflow's rebalance steps, which
-   coincide with admissions, inflate its prefill cost by half). Copy bandwidth is the median of the runner's
-   measured copies.
+   pool holds, and the regimes are set from it. The other policies run a calibration burst at 0.6 Γ, and only
+   their per-step and per-decode terms are refitted (`for_policy`: the model's costs per prefill and context
+   token do not depend on the policy, its planning time does; fitting every coefficient per policy let
+   tokenflow's rebalance steps, which coincide with admissions, inflate its prefill cost by half). Copy
+   bandwidth is the median of the runner's measured copies.
+   Real runs are repeated (`repeats`) and each figure is the median: this box is shared, and the same fcfs
+   workload (whose work does not depend on the readers' rates) was seen to vary by 15% between regimes.
 2. Compare: each regime's burst (`num_streams` streams, Σ rates = load × Γ) under each policy on the real engine
    and in the simulator (the same EngineConfig, the same requests). Errors are |sim − real| / real of TTFT
    p50/p99, raw and effective throughput; `same_ranking`: the policies in the same order by effective throughput
@@ -52,6 +54,7 @@ class ValidateConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 256
     calibration_load: float = 0.6
+    repeats: int = 2  # real runs per (regime, policy); figures are medians
     tokenflow: TokenFlowConfig = field(default_factory=lambda: TokenFlowConfig(delta_t=0.2))
     seed: int = 0
     num_threads: int = 1
@@ -168,7 +171,7 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
             continue
         rate = cfg.calibration_load * capacity / cfg.num_streams
         run = run_real(engine_config(cfg, policy), workload(cfg, cal_seed, rate))
-        calib[policy] = calib["fcfs"].with_overhead(run.samples)
+        calib[policy] = calib["fcfs"].for_policy(run.samples)
         bandwidth += run.copy_bytes_s
         progress(f"calibrated {policy} on {len(run.samples)} steps: {calib[policy]}")
     copy_bw = statistics.median(bandwidth) if bandwidth else 2e9
@@ -180,7 +183,7 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
         real, sim, errors = {}, {}, {}
         for policy in cfg.policies:
             config = engine_config(cfg, policy)
-            real[policy] = run_real(config, requests).summary
+            real[policy] = _median([run_real(config, requests).summary for _ in range(cfg.repeats)])
             outcome = Simulation(sim_setup(config, info, calib[policy], copy_bw), checks=True).run(requests)
             sim[policy] = summarize_outcome(outcome)
             errors[policy] = {f"{m}_err": _err(sim[policy][k], real[policy][k]) for m, k in METRICS.items()}
@@ -199,6 +202,15 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
             "calibration": {p: {"fixed_s": c.fit.fixed_s, "decode_s": c.fit.decode_s, "prefill_s": c.fit.prefill_s,
                                 "context_s": c.context_s} for p, c in calib.items()},
             "regimes": regimes, "wall_s": time.perf_counter() - wall}
+
+
+def _median(runs: list[dict]) -> dict:
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        values = [r[k] for r in runs if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and values:
+            out[k] = statistics.median(values)
+    return out
 
 
 def _capacity(cost: CalibratedStepCost, config: EngineConfig, requests: Sequence[RequestSpec]) -> float:
