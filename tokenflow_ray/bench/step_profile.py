@@ -60,10 +60,11 @@ def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], st
     # Three passes of `steps` decodes must fit each stream's share of the pool and the context.
     bs, longest = engine.pool.block_size, max(len(p) for p in prompts)
     room = min(engine.max_total_tokens, engine.pool.num_free // len(prompts) * bs) - longest - 2
-    steps = max(1, min(steps, (room - 2 * warmup) // 3))
-    warmup = min(warmup, max(0, room - 3 * steps) // 2)
+    chunks = 3 * -(-steps // 20)  # the untimed steps between passes
+    steps = max(1, min(steps, (room - 2 * warmup - chunks) // 3))
+    warmup = min(warmup, max(0, room - 3 * steps - chunks) // 2)
     engine.config = dataclasses.replace(config, overlap_scheduling=False)
-    sp = SamplingParams(max_tokens=2 * warmup + 3 * steps + 1, ignore_eos=True)
+    sp = SamplingParams(max_tokens=2 * warmup + 3 * steps + chunks + 1, ignore_eos=True)
     ids = [engine.add_request(list(p), sp) for p in prompts]
     try:
         while any(engine.get_stream(i).num_output_tokens == 0 for i in ids):  # prefills out of the way
@@ -71,23 +72,30 @@ def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], st
         _steps(engine, warmup)
         acc = {"schedule": 0.0, "execute": 0.0, "model": 0.0}
         runner = engine.runner
-        with _timed(engine.scheduler, "schedule", acc, "schedule"), _timed(runner, "execute", acc, "execute"), \
-                _timed(runner.model, "forward", acc, "model"):
-            wall = _steps(engine, steps)
         prof = cProfile.Profile()
-        prof.enable()
-        profiled = _steps(engine, steps)
-        prof.disable()
+        wall = profiled = overlapped = 0.0
+        # The three passes take turns in chunks, so each sees the same contexts (attention grows with them).
+        chunk = max(1, min(20, steps))
+        for done in range(0, steps, chunk):
+            n = min(chunk, steps - done)
+            engine.config = dataclasses.replace(config, overlap_scheduling=False)
+            with _timed(engine.scheduler, "schedule", acc, "schedule"), _timed(runner, "execute", acc, "execute"), \
+                    _timed(runner.model, "forward", acc, "model"):
+                wall += _steps(engine, n)
+            prof.enable()
+            profiled += _steps(engine, n)
+            prof.disable()
+            engine.config = dataclasses.replace(config, overlap_scheduling=True)
+            engine.step()  # the runner thread starts and the pipeline fills outside the timed steps
+            overlapped += _steps(engine, n)
+            engine.config = dataclasses.replace(config, overlap_scheduling=False)
+            _steps(engine, 2)  # untimed: the in-flight step is finished and the runner thread ended
         gemm = attention = 0.0
         for (_, _, func), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
-            tottime = row[2]
             if any(k in func for k in _GEMM):
-                gemm += tottime
+                gemm += row[2]
             elif any(k in func for k in _ATTENTION):
-                attention += tottime
-        engine.config = dataclasses.replace(config, overlap_scheduling=True)
-        _steps(engine, warmup)
-        overlapped = _steps(engine, steps)
+                attention += row[2]
     finally:
         engine.config = config
         for i in ids:
@@ -99,7 +107,7 @@ def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], st
     out = {"batch": len(prompts), "steps": steps, "step_ms": wall * ms, "schedule_ms": acc["schedule"] * ms,
            "runner_python_ms": (acc["execute"] - acc["model"]) * ms, "model_ms": model,
            "engine_rest_ms": (wall - acc["schedule"] - acc["execute"]) * ms,
-           # shares of the model from the cProfile pass, scaled to the unprofiled model time
+           # from the cProfile pass: time inside the GEMM and attention kernels themselves
            "gemm_ms": gemm * ms, "attention_ms": attention * ms,
            "step_ms_under_cprofile": profiled * ms, "step_ms_overlapped": overlapped * ms}
     out["other_model_ms"] = max(0.0, model - out["gemm_ms"] - out["attention_ms"])
