@@ -25,7 +25,12 @@ APP = "tfscale"
 BURST_WORKERS = 16
 # Long enough to outlive the backlog, the look-back and the downscale delay: still generating when Serve stops
 # their replica.
-SLOW = [StreamSpec(f"Long stream {i}: a long story about the sea.", max_tokens=1800) for i in range(3)]
+# A tiny declared rate marks them in the central actor's view (the burst's is 0) without adding demand or ever
+# making them buffer-critical. Started one by one until one is seen on the new replica (at most MAX_LONG).
+LONG_RATE = 0.01
+MAX_LONG = 6
+SLOW = [StreamSpec(f"Long stream {i}: a long story about the sea.", max_tokens=1800, rate=LONG_RATE)
+        for i in range(MAX_LONG)]
 PROBE = StreamSpec("Probe: which replica is left?", max_tokens=150)
 
 
@@ -33,7 +38,7 @@ def _config():
     from tokenflow_ray.serve.config import ServeConfig
 
     return ServeConfig(
-        app_name=APP, policy="tokenflow", max_num_seqs=8, num_device_blocks=640, num_host_blocks=256,
+        app_name=APP, policy="tokenflow", max_num_seqs=16, num_device_blocks=1600, num_host_blocks=256,
         num_cpus=0.5, images=False,
         autoscaling={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.5, "downscale_delay_s": 2.0,
                      "metrics_interval_s": 0.25, "look_back_period_s": 1.0, "pressure_cooldown_s": 2.0,
@@ -62,7 +67,8 @@ class Timeline(threading.Thread):
             except Exception as exc:  # noqa: BLE001 - a sample lost is only a gap in the record
                 states, view = {"error": str(exc)}, {}
             self.samples.append({"t": round(time.monotonic() - self.t0, 2), "states": states,
-                                 "streams": {sid: v["replica_id"] for sid, v in view.items()}})
+                                 "streams": {sid: v["replica_id"] for sid, v in view.items()},
+                                 "long": {sid: v["replica_id"] for sid, v in view.items() if v["rate"] == LONG_RATE}})
             time.sleep(0.2)
 
     def running(self) -> int:
@@ -86,7 +92,7 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
         while timeline.running() < 2 and time.monotonic() - timeline.t0 < 60:
             await asyncio.sleep(0.1)
         t_up = time.monotonic() - timeline.t0
-        stop.set()
+        first = {rid for smp in timeline.samples for rid in smp["streams"].values()}  # the only replica before
         ended: dict[int, float] = {}
 
         async def slow(i: int):
@@ -94,7 +100,13 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
             ended[i] = time.monotonic() - timeline.t0
             return res
 
-        slow_tasks = [asyncio.create_task(slow(i)) for i in range(len(SLOW))]
+        slow_tasks = []
+        for i in range(MAX_LONG):  # the burst still runs: the router prefers the new, less loaded replica
+            slow_tasks.append(asyncio.create_task(slow(i)))
+            await asyncio.sleep(0.5)
+            if any(rid not in first for rid in timeline.samples[-1]["long"].values()):
+                break
+        stop.set()
         await asyncio.gather(*workers)
         t_burst_done = time.monotonic() - timeline.t0
         slow_results = await asyncio.gather(*slow_tasks)
@@ -146,8 +158,7 @@ def test_load_scales_up_idleness_scales_down_and_no_stream_is_cut(serve_url):
     assert len(survivors) == 1 and len(seen) == 2, (survivors, seen)
     (victim,) = seen - survivors
     slow_ids = {res.stream_id: i for i, res in enumerate(out["slow"])}
-    on_victim = {slow_ids[sid] for s in samples for sid, rid in s["streams"].items()
-                 if rid == victim and sid in slow_ids}
+    on_victim = {slow_ids[sid] for s in samples for sid, rid in s["long"].items() if rid == victim}
     assert on_victim, "no long stream landed on the replica that was stopped: nothing was drained"
     t_stopping = min(s["t"] for s in samples if s["states"].get("STOPPING", 0) > 0)
     assert max(out["slow_ended"][i] for i in on_victim) > t_stopping, (t_stopping, out["slow_ended"])
