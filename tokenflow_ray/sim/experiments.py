@@ -137,7 +137,9 @@ def reproduction(gpus: Sequence[str] = ("4090", "h200"), model: str = "llama3-8b
 
 
 def _fmt(x: object) -> str:
-    return f"{x:.2f}x" if isinstance(x, (int, float)) else "—"
+    if not isinstance(x, (int, float)):
+        return "—"
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.3f}x"
 
 
 def reproduction_markdown(runs: dict) -> str:
