@@ -11,7 +11,7 @@ def test_the_burst_is_seeded_mixed_and_within_its_window():
     cfg = RoutingBenchConfig(streams=20, max_tokens=40, rate=10.0, burst_s=1.5)
     specs = cfg.specs()
     assert specs == cfg.specs() and specs != RoutingBenchConfig(streams=20, seed=1).specs()
-    assert {s.rate for s in specs} == {5.0, 15.0}
+    assert {s.rate for s in specs} == {2.5, 17.5}  # 0.25x and 1.75x: uneven demand per stream
     assert all(20 <= s.max_tokens <= 60 and 0 <= s.start_s <= 1.5 for s in specs)
     assert len({len(s.prompt) for s in specs}) > 3  # prompt lengths vary too
 

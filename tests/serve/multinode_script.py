@@ -35,6 +35,7 @@ def main() -> None:
     from ray import serve
     from ray.cluster_utils import Cluster
 
+    from tokenflow_ray.cluster.http_requests import owner_of
     from tokenflow_ray.serve.app import deploy, undeploy
     from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
     from tokenflow_ray.serve.config import ServeConfig
@@ -45,8 +46,10 @@ def main() -> None:
     cluster.add_node(num_cpus=2, object_store_memory=150 << 20)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, namespace="tfnodes")
+    # The slack router: Serve's default one, called from a proxy, prefers replicas on the proxy's own node (here
+    # the head), which is locality, not balance; ours spreads by each replica's load.
     config = ServeConfig(app_name=APP, replicas=2, num_cpus=1, policy="tokenflow", images=False,
-                         num_device_blocks=256, num_host_blocks=512, max_num_seqs=16)
+                         num_device_blocks=256, num_host_blocks=512, max_num_seqs=16, router="slack")
     try:
         port = free_port()
         # One proxy: both raylets share this machine's loopback, where a proxy per node would collide on the port.
@@ -63,7 +66,9 @@ def main() -> None:
         print(json.dumps({
             "cluster_nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]),
             "replica_nodes": {rid: s["node_id"] for rid, s in stats.items()},
-            "stream_replicas": {r.stream_id: owners.get(r.stream_id) for r in results},
+            # A stream too short-lived for the sampled view still names its replica in its id (direct placement).
+            "stream_replicas": {r.stream_id: owners.get(r.stream_id) or owner_of(r.stream_id or "")
+                                for r in results},
             "complete": sum(r.complete for r in results), "streams": len(results),
             "errors": [r.error for r in results if r.error]}))
     finally:

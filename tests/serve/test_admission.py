@@ -49,8 +49,9 @@ def test_never_below_the_batch_and_explicit_values_win():
     ({"retry_after_s": -1}, "retry_after_s"),
     ({"register_grace_s": math.nan}, "register_grace_s"),
     ({"register_grace_s": -1.0}, "register_grace_s"),
-    ({"max_ongoing_requests": 2000}, "ingress_max_ongoing"),
-    ({"ingress_max_ongoing": 199}, "ingress_max_ongoing"),  # 160 + 40 must get through the ingress
+    ({"http": "ingress", "max_ongoing_requests": 2000}, "ingress_max_ongoing"),
+    ({"http": "ingress", "ingress_max_ongoing": 199}, "ingress_max_ongoing"),  # 160 + 40 must get through it
+    ({"http": "sideways"}, "http: must be one of direct, ingress"),
 ])
 def test_admission_fields_are_validated(bad, message):
     with pytest.raises(ValueError, match=message) as err:

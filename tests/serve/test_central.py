@@ -1,4 +1,5 @@
-"""CentralScheduler's report path when registration is asynchronous (the class alone, no Ray instance)."""
+"""CentralScheduler: the report path when registration is batched, pushes batched per replica, dead replicas'
+leftovers, and the table rebuilt after a restart (the class alone, no Ray instance)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,30 @@ import time
 
 import pytest
 
-from tokenflow_ray.serve.central import CentralScheduler
+from tokenflow_ray.cluster.stream_table import ReplicaChanges
+from tokenflow_ray.serve.central import CentralScheduler, CentralSettings
 from tokenflow_ray.serve.messages import Report
 
 pytestmark = pytest.mark.timeout(30)
 
 
+def _central(**kw) -> CentralScheduler:
+    kw.setdefault("deliver_timeout_s", 0.05)  # nobody polls in most of these tests: do not wait for delivery
+    return CentralScheduler(CentralSettings("central", "ns", **kw))
+
+
+async def _register(central: CentralScheduler, rid: str, *sids: str, rate: float | None = 1.0) -> None:
+    full = not central.table.knows_replica(rid)
+    assert not await central.update(rid, ReplicaChanges(full=full, added=tuple((s, rate) for s in sids)))
+
+
 def test_a_report_that_beats_its_registration_waits_for_it():
     async def run() -> tuple[bool, float, list[Report]]:
-        central = CentralScheduler(poll_s=0.05, register_grace_s=2.0)
+        central = _central(poll_s=0.05, register_grace_s=2.0)
         start = time.monotonic()
         report = asyncio.create_task(central.report(Report("s1", rate=3.0)))
         await asyncio.sleep(0.2)
-        await central.register("s1", "r1", 1.0)
+        await _register(central, "r1", "s1")
         known = await report
         return known, time.monotonic() - start, await central.wait_reports("r1")
 
@@ -30,18 +42,18 @@ def test_a_report_that_beats_its_registration_waits_for_it():
 
 def test_unknown_ids_wait_the_grace_and_finished_ids_answer_at_once():
     async def run() -> dict[str, tuple[bool, float]]:
-        central = CentralScheduler(register_grace_s=0.3, finished_memory=2)
-        await central.register("done", "r1", None)
-        await central.deregister("done")
+        central = _central(register_grace_s=0.3, finished_memory=2)
+        await _register(central, "r1", "done")
+        await central.update("r1", ReplicaChanges(removed=("done",)))
         out = {}
         for sid in ("done", "never"):
             t = time.monotonic()
             out[sid] = (await central.report(Report(sid, paused=True)), time.monotonic() - t)
-        await central.register("done", "r1", None)  # a registration that lost the race with the stream's end
+        await _register(central, "r1", "done")  # a late batch naming a stream that already ended
         out["late"] = (await central.report(Report("done")), 0.0)
         for sid in ("a", "b"):  # older finished ids are forgotten past finished_memory
             await central.deregister(sid)
-        out["forgotten"] = ("done" in central.finished, 0.0)
+        out["forgotten"] = (central.table.is_finished("done"), 0.0)
         return out
 
     out = asyncio.run(run())
@@ -51,9 +63,9 @@ def test_unknown_ids_wait_the_grace_and_finished_ids_answer_at_once():
     assert out["forgotten"][0] is False
 
 
-def test_deregister_wakes_a_waiting_report():
+def test_an_ended_stream_wakes_a_waiting_report():
     async def run() -> tuple[bool, float]:
-        central = CentralScheduler(register_grace_s=5.0)
+        central = _central(register_grace_s=5.0)
         t = time.monotonic()
         report = asyncio.create_task(central.report(Report("s")))
         await asyncio.sleep(0.1)
@@ -66,7 +78,7 @@ def test_deregister_wakes_a_waiting_report():
 
 def test_zero_grace_answers_unknown_at_once():
     async def run() -> float:
-        central = CentralScheduler(register_grace_s=0.0)
+        central = _central(register_grace_s=0.0)
         t = time.monotonic()
         assert await central.report(Report("x")) is False
         return time.monotonic() - t
@@ -74,10 +86,61 @@ def test_zero_grace_answers_unknown_at_once():
     assert asyncio.run(run()) < 0.1
 
 
+def test_reports_are_pushed_to_their_owner_coalesced_in_one_batch():
+    async def run():
+        central = _central(poll_s=2.0, push_interval_s=0.1)
+        await _register(central, "r1", "a", "b")
+        await _register(central, "r2", "c")
+        poll = asyncio.create_task(central.wait_reports("r1"))
+        await asyncio.sleep(0.05)
+        t = time.monotonic()
+        sent = [asyncio.create_task(central.report(r)) for r in (
+            Report("a", consumed_tokens=3), Report("b", paused=True), Report("a", rate=7.0),
+            Report("a", consumed_tokens=5), Report("c", rate=1.0))]  # readers report concurrently
+        delivered = await poll
+        assert all(await asyncio.gather(*sent))
+        return delivered, time.monotonic() - t, await central.wait_reports("r2"), await central.counters()
+
+    delivered, took, other, counts = asyncio.run(run())
+    # One push for r1 with one report per stream, the newest value of each field; c went to its own owner.
+    assert sorted(delivered, key=lambda r: r.stream_id) == [Report("a", consumed_tokens=5, rate=7.0),
+                                                              Report("b", paused=True)]
+    assert took < 1.0 and other == [Report("c", rate=1.0)]
+    assert counts["pushes"] == 2 and counts["reports_pushed"] == 3
+
+
+def test_a_forwarded_report_is_answered_once_its_owner_took_it():
+    async def run():
+        central = _central(poll_s=5.0, push_interval_s=0.0, deliver_timeout_s=5.0)
+        await _register(central, "r1", "a")
+        report = asyncio.create_task(central.report(Report("a", rate=4.0)))
+        await asyncio.sleep(0.3)
+        pending = not report.done()  # queued, but its owner has not polled: the caller still waits
+        t = time.monotonic()
+        delivered = await central.wait_reports("r1")
+        return pending, await report, time.monotonic() - t, delivered
+
+    pending, known, took, delivered = asyncio.run(run())
+    assert pending and known and took < 1.0 and delivered == [Report("a", rate=4.0)]
+
+
+def test_a_restarted_actor_asks_for_snapshots_and_rebuilds_its_table():
+    async def run():
+        before = _central()
+        await _register(before, "r1", "a", "b", rate=2.0)
+        after = _central()  # a restart: a fresh instance, nothing carried over
+        asked = await after.update("r1", ReplicaChanges(added=(("c", 1.0),)))  # an incremental batch: refused
+        assert not await after.update("r1", ReplicaChanges(full=True, added=(("a", 2.0), ("b", 2.0), ("c", 1.0))))
+        return asked, await after.view(), await after.report(Report("a", rate=9.0))
+
+    asked, view, known = asyncio.run(run())
+    assert asked is True and set(view) == {"a", "b", "c"} and known
+
+
 # ---- a dead replica's leftovers -------------------------------------------------------------------------------
 async def _two_replicas(central: CentralScheduler) -> None:
-    for sid, rid in (("a1", "r1"), ("a2", "r1"), ("b1", "r2")):
-        await central.register(sid, rid, 1.0)
+    await _register(central, "r1", "a1", "a2")
+    await _register(central, "r2", "b1")
     for sid in ("a1", "b1"):
         assert await central.report(Report(sid, consumed_tokens=1))  # pending for each replica
     await central.wait_reports("r2", {"gauges": {}})
@@ -87,20 +150,21 @@ async def _two_replicas(central: CentralScheduler) -> None:
 
 def test_drop_replica_forgets_its_entries_reports_and_stats_only():
     async def run():
-        central = CentralScheduler(poll_s=0.05)
+        central = _central(poll_s=0.05)
         await _two_replicas(central)
         dropped = await central.drop_replica("r1")
         return dropped, central, await central.view(), await central.stats()
 
     dropped, central, view, stats = asyncio.run(run())
     assert dropped == 2 and set(view) == {"b1"} and view["b1"]["replica_id"] == "r2"
-    assert "r1" not in central.pending and central.pending["r2"] == [Report("b1", consumed_tokens=2)]
+    assert not central.table.has_pushes("r1")
+    assert central.table.take_pushes("r2") == [Report("b1", consumed_tokens=2)]
     assert set(stats) == {"r2"}
 
 
 def test_the_sweep_drops_a_silent_replica_and_keeps_a_polling_one():
     async def run():
-        central = CentralScheduler(poll_s=0.05, stale_after_s=0.4)
+        central = _central(poll_s=0.05, stale_after_s=0.4)
         await _two_replicas(central)
         deadline = time.monotonic() + 1.2
         while time.monotonic() < deadline:  # r2 keeps polling, r1 (killed) is silent; nobody calls sweep()
@@ -108,24 +172,21 @@ def test_the_sweep_drops_a_silent_replica_and_keeps_a_polling_one():
         return central, await central.view()
 
     central, view = asyncio.run(run())
-    assert set(view) == {"b1"} and "r1" not in central.pending and "r1" in central.dropped
+    assert set(view) == {"b1"} and not central.table.has_pushes("r1") and "r1" in central.table.dropped
 
 
-def test_a_dropped_replica_that_polls_again_is_told_to_re_register():
-    from tokenflow_ray.serve.central import ReplicaDropped
-
+def test_a_dropped_replica_that_was_only_slow_sends_a_snapshot_and_is_back():
     async def run():
-        central = CentralScheduler(poll_s=0.05, stale_after_s=0.1)
+        central = _central(poll_s=0.05, stale_after_s=0.1)
         await _two_replicas(central)
         await asyncio.sleep(0.2)
         await central.sweep()  # (the background sweep may have been first)
-        swept = list(central.dropped)
-        with pytest.raises(ReplicaDropped):  # only slow, not dead: its poll loop re-registers (replica.py)
-            await central.wait_reports("r1")
-        await central.register("a1", "r1", 1.0)
-        known = await central.report(Report("a1", rate=2.0))
-        return sorted(swept), known, await central.wait_reports("r1"), await central.view()
+        swept = sorted(central.table.dropped)
+        asked = await central.update("r1", ReplicaChanges(reports=(Report("a1", rate=2.0),)))
+        await central.update("r1", ReplicaChanges(full=True, added=(("a1", 2.0),)))
+        known = await central.report(Report("a1", rate=3.0))
+        return swept, asked, known, await central.wait_reports("r1"), await central.view()
 
-    swept, known, delivered, view = asyncio.run(run())
-    assert swept == ["r1", "r2"] and known and delivered == [Report("a1", rate=2.0)]
+    swept, asked, known, delivered, view = asyncio.run(run())
+    assert swept == ["r1", "r2"] and asked is True and known and delivered == [Report("a1", rate=3.0)]
     assert set(view) == {"a1"}

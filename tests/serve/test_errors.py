@@ -1,7 +1,7 @@
 """A replica's failed stream, as the client sees it (errors.py and the ingress's error paths; no Ray instance).
 
-The ingress's methods run on a subclass of the undecorated ingress class with fakes for the LLMServer handle and
-the central actor, so the before-first-token, mid-stream and non-streaming paths are deterministic here; the real
+The ingress placement's methods run on a subclass of the undecorated ingress class with fakes for the LLMServer
+handle and the central actor, so the before-first-token, mid-stream and non-streaming paths are deterministic here; the real
 kill is tests/serve/test_faults.py.
 """
 
@@ -113,7 +113,7 @@ def fake_ingress(gen: FakeGen):
 
     class Ingress(base):
         def __init__(self) -> None:  # no handle, no central actor
-            self.s = IngressSettings("embedded", 16, 1 << 20, None, CentralSettings("central", "ns"))
+            self.http = IngressSettings("embedded", 16, 1 << 20, None, CentralSettings("central", "ns"))
             self.llm = SimpleNamespace(generate=SimpleNamespace(remote=lambda req: gen))
             self.central = SimpleNamespace(deregister=Deregistered())
 

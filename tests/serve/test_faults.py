@@ -26,13 +26,13 @@ NEXT_REQUEST_BOUND_S = {2: 5.0, 1: 15.0}
 
 
 @contextlib.contextmanager
-def deployed(app_name: str, replicas: int, max_num_seqs: int, router: str = "default"):
+def deployed(app_name: str, replicas: int, max_num_seqs: int, router: str = "default", http: str = "ingress"):
     from tokenflow_ray.serve.app import deploy, undeploy
     from tokenflow_ray.serve.config import ServeConfig
 
     config = ServeConfig(app_name=app_name, route_prefix=f"/{app_name}", replicas=replicas, num_cpus=0.5,
                          policy="fcfs", max_num_seqs=max_num_seqs, num_device_blocks=512, num_host_blocks=0,
-                         images=False, router=router)
+                         images=False, router=router, http=http)
     try:
         deploy(config)
         yield config
@@ -108,12 +108,15 @@ async def _stream(http: httpx.AsyncClient, url: str, i: int, ids: dict[int, str]
         if resp.status_code != 200:
             return {"status": resp.status_code, "headers": resp.headers, "body": (await resp.aread()).decode()}
         events = []
-        async for line in resp.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-                if len(events) == 1:
-                    ids[i] = json.loads(events[0])["id"]
-                await asyncio.sleep(0.001)  # a slow reader
+        try:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 1:
+                        ids[i] = json.loads(events[0])["id"]
+                    await asyncio.sleep(0.001)  # a slow reader
+        except httpx.HTTPError:  # direct placement: the dead replica's connection just ends
+            return {"status": 200, "events": events, "cut": True}
     return {"status": 200, "events": events}
 
 
@@ -149,12 +152,12 @@ async def _next_request(http: httpx.AsyncClient, url: str) -> float:
     return waited
 
 
-@pytest.mark.parametrize("router", ["default", "slack"])
-def test_killing_one_of_two_replicas_fails_only_its_streams(serve_url, router):
+@pytest.mark.parametrize("router, http", [("default", "ingress"), ("slack", "ingress"), ("slack", "direct")])
+def test_killing_one_of_two_replicas_fails_only_its_streams(serve_url, router, http):
     import ray
 
-    app = f"tffault2{router}"
-    with deployed(app, replicas=2, max_num_seqs=8, router=router) as config:
+    app = f"tffault2{router}{http}"
+    with deployed(app, replicas=2, max_num_seqs=8, router=router, http=http) as config:
         url, central = f"{serve_url}/{app}", _central(config)
 
         async def run():
@@ -183,15 +186,22 @@ def test_killing_one_of_two_replicas_fails_only_its_streams(serve_url, router):
 
         ids, owner, victim, results, failed_after, next_s, killed_at = asyncio.run(run())
         for i, r in enumerate(results):
-            if owner[i] == victim:
-                _assert_failed_mid_stream(r, ids[i])
-            else:
+            if owner[i] != victim:
                 _assert_completed(r)
-        print(f"\n2 replicas ({router} router): killed streams failed {failed_after:.2f}s after the kill; "
+            elif http == "ingress":
+                _assert_failed_mid_stream(r, ids[i])
+            else:  # nothing is left to write an error event: the connection ends, and no [DONE] claims success
+                assert r.get("cut") or r["events"][-1:] != ["[DONE]"], r["events"][-3:]
+                assert not any("actor" in e.lower() or "pid" in e for e in r["events"]), r["events"][-3:]
+        print(f"\n2 replicas ({router} router, {http}): killed streams failed {failed_after:.2f}s after the kill; "
               f"the next request took {next_s:.2f}s")
         assert next_s < NEXT_REQUEST_BOUND_S[2]
-        view = ray.get(central.view.remote())  # the ingress deregistered the dead streams
-        assert not [sid for i, sid in ids.items() if owner[i] == victim and sid in view]
+
+        def dead_streams_gone() -> bool:  # the ingress deregisters them at once; in direct, the actor's sweep
+            view = ray.get(central.view.remote())
+            return not [sid for i, sid in ids.items() if owner[i] == victim and sid in view]
+
+        assert asyncio.run(_wait_for(dead_streams_gone, 30 if http == "direct" else 0, 0.5))
         # Serve brings the replica back, under a new id that is running and polling the central actor.
         survivor = next(o for o in owner.values() if o != victim)
         assert asyncio.run(_wait_for(lambda: _recovered(app, central, {victim, survivor}), 90, 0.5))

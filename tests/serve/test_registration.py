@@ -24,20 +24,22 @@ def slow_app(serve_url):
     from tokenflow_ray.serve.central import ACTOR_OPTIONS, CentralScheduler, CentralSettings, central_name
     from tokenflow_ray.serve.config import ServeConfig
 
+    # The ingress placement: its reports go through the central actor (in the direct one a report reaches the
+    # stream's own replica, which needs no registration to apply it).
     config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", policy="fcfs", register_grace_s=GRACE_S,
-                         images=False, num_cpus=1)
+                         images=False, num_cpus=1, http="ingress")
     settings = CentralSettings(central_name(APP), config.central_namespace, register_grace_s=GRACE_S)
 
     class SlowRegisterCentral(CentralScheduler):  # defined here, so Ray ships it by value
-        async def register(self, stream_id: str, replica_id: str, rate: float | None) -> None:
-            await asyncio.sleep(REGISTER_DELAY_S)
-            await super().register(stream_id, replica_id, rate)
+        async def update(self, replica_id, changes) -> bool:
+            if changes.added:
+                await asyncio.sleep(REGISTER_DELAY_S)
+            return await super().update(replica_id, changes)
 
     # Created before the app, under the app's name: get_central (get_if_exists=True) then finds this one.
     try:  # the detached actor is killed by name in undeploy, whatever failed after it was created
         slow = ray.remote(**ACTOR_OPTIONS)(SlowRegisterCentral).options(
-            name=settings.name, namespace=settings.namespace, lifetime="detached").remote(
-            settings.poll_s, settings.register_grace_s, settings.finished_memory)
+            name=settings.name, namespace=settings.namespace, lifetime="detached").remote(settings)
         ray.get(slow.view.remote())
         deploy(config)
         yield f"{serve_url}/{APP}"

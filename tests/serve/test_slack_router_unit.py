@@ -150,10 +150,14 @@ def test_the_router_switch_is_validated_and_wired_into_the_deployment():
     default = request_router_config(ServeConfig(images=False))
     assert "PowerOfTwoChoices" in default.request_router_class and default.request_routing_stats_period_s == 0.5
     # The replica refreshes its cached stats at the period Serve polls them.
-    app = build_app(ServeConfig(router="slack", routing_stats_period_s=0.25, images=False))
-    llm = app._bound_deployment.init_args[0]._bound_deployment  # the ingress is bound to the LLMServer app
-    assert llm._deployment_config.request_router_config.request_router_class == SLACK_ROUTER_PATH
-    assert llm.init_args[1].routing_stats_interval_s == 0.25
+    for http in ("direct", "ingress"):
+        app = build_app(ServeConfig(router="slack", routing_stats_period_s=0.25, images=False, http=http))
+        llm = app._bound_deployment  # direct: the replicas answer HTTP
+        if http == "ingress":
+            llm = llm.init_args[0]._bound_deployment  # the ingress is bound to the LLMServer app
+        assert llm.name == "LLMServer"
+        assert llm._deployment_config.request_router_config.request_router_class == SLACK_ROUTER_PATH
+        assert llm.init_args[1].routing_stats_interval_s == 0.25
     parser = build_parser()
     assert parser.parse_args(["serve", "--router", "slack"]).router == "slack"
     assert parser.parse_args(["serve"]).router is None  # the config's (default "default")

@@ -270,9 +270,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_peer)
 
     p = sub.add_parser("routing", help="a seeded burst over 2 replicas: the buffer-slack router vs Serve's default")
-    p.add_argument("--streams", type=int, default=48)
-    p.add_argument("--max-tokens", type=int, default=96, help="mean output tokens (each stream 0.5x-1.5x)")
-    p.add_argument("--rate", type=float, default=12.0, help="mean reader rate, tokens/s (half 0.5x, half 1.5x)")
+    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=192, help="mean output tokens (each stream 0.5x-1.5x)")
+    p.add_argument("--rate", type=float, default=30.0, help="mean reader rate, tokens/s (each 0.25x or 1.75x)")
     p.add_argument("--burst-s", type=float, default=2.0, help="arrivals spread over this long")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per router; medians reported")

@@ -90,8 +90,9 @@ class PacedStreamClient:
         reader = ReaderModel(spec.rate)
         reporter: asyncio.Task | None = None
         try:
-            async with self.http.stream("POST", self.base + path, json=self._body(spec),
-                                        headers=self.headers) as resp:
+            # The rate header is a routing hint: the router sees headers before the body (cluster/http_requests.py).
+            headers = {**self.headers, "X-Consumption-Rate": repr(float(spec.rate))}
+            async with self.http.stream("POST", self.base + path, json=self._body(spec), headers=headers) as resp:
                 if resp.status_code == 429:
                     await resp.aread()
                     result.rejected = True

@@ -51,3 +51,25 @@ def admission(*, max_num_seqs: int, num_device_blocks: int, num_host_blocks: int
                                                         expected_stream_tokens))
     queued = derived_queue_bound(replicas, ongoing) if max_queued_requests is None else max_queued_requests
     return Admission(ongoing, queued)
+
+
+# Direct placement: HTTP requests other than streams (consumption reports, /metrics, /v1/models) need Serve slots on
+# a replica whose streams fill its admission limit, or they would queue behind streams that last minutes.
+CONTROL_SLOTS = 64
+
+
+def direct_proxy_queue(stream_limit: int, replicas: int) -> int:
+    """Direct placement: the bound on Serve's queue in the proxy. Requests wait there until the router has placed
+    them (one accept round trip each), so a burst arriving at once queues there briefly even when the replicas
+    have room: the bound is what all replicas take, not a small number (64 turned 95 of a 256-stream burst away
+    with room for 320). The replicas' own limit is what answers 429 under real overload."""
+    return -1 if stream_limit <= 0 else replicas * stream_limit + CONTROL_SLOTS
+
+
+def direct_stream_limit(adm: Admission, replicas: int) -> int:
+    """Streams one replica takes in the direct placement: its working set plus its share of the queue bound.
+
+    There is no caller-side queue of streams here: a replica holds its share of the queue in its own engine
+    (WAITING, ranked by the policy) and answers 429 past it, OpenAI-shaped, with Retry-After."""
+    queued = 0 if adm.max_queued_requests < 0 else -(-adm.max_queued_requests // replicas)
+    return 0 if adm.max_queued_requests < 0 else adm.max_ongoing_requests + queued

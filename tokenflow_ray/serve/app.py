@@ -1,4 +1,5 @@
-"""build_app(config) -> the Serve Application: OpenAIIngress -> LLMServer replicas, plus the central actor's name.
+"""build_app(config) -> the Serve Application: LLMServer replicas answering HTTP (or an OpenAIIngress in front of
+them: ServeConfig.http), the image tokenizer, and the central actor's name.
 
 `app_builder(args)` is the import path for Serve config YAMLs (`serve run`/`serve deploy`):
     applications: [{name: tokenflow, import_path: tokenflow_ray.serve.app:app_builder, args: {model: embedded}}]
@@ -16,9 +17,10 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from tokenflow_ray.cluster.routing import SlackRouterConfig
+from tokenflow_ray.serve.admission import CONTROL_SLOTS, direct_proxy_queue, direct_stream_limit
 from tokenflow_ray.serve.central import CentralSettings, central_name
 from tokenflow_ray.serve.config import ServeConfig
-from tokenflow_ray.serve.ingress import IngressSettings, make_ingress
+from tokenflow_ray.serve.ingress import IngressSettings, make_http_class, make_ingress
 from tokenflow_ray.serve.replica import LLMServer, ReplicaSettings
 
 IMAGE_DEPLOYMENT = "ImageTokenizerDeployment"
@@ -30,28 +32,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     central = CentralSettings(central_name(config.app_name), config.central_namespace,
                               register_grace_s=config.register_grace_s)
     adm = config.admission()
-    llm = serve.deployment(LLMServer, name="LLMServer").options(
-        **replica_count_options(config),
-        # A replica takes every stream its working set can hold, not just a batch (admission.py; Serve's default
-        # of 5 would cap even the batch, ray-notes §6.1): streams beyond the batch wait in the engine, where the
-        # policy ranks them. Past the bounded queue the handle raises BackPressureError; the ingress answers 429.
-        max_ongoing_requests=adm.max_ongoing_requests,
-        max_queued_requests=adm.max_queued_requests,
-        backpressure_config={"status_code": 429, "retry_after_s": config.retry_after_s},
-        ray_actor_options={"num_cpus": config.num_cpus, "num_gpus": config.num_gpus},
-        # The controller learns of a dead replica only from its next health check (on a dead actor it fails at
-        # once), so the period bounds how long the replica goes unreplaced. With one replica the next request waits
-        # that plus the restart: 12.6-13.7 s at 10 s (17.7 s by hand), 4.8-7.3 s at 2 s (tests/serve/test_faults.py);
-        # other live replicas serve it at once either way. A check is one no-op engine-thread call (replica.py).
-        health_check_period_s=2,
-        health_check_timeout_s=60,
-        request_router_config=request_router_config(config),
-    ).bind(config.engine_config(),
-           ReplicaSettings(central, grouping=config.grouping(),
-                           torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
-                           routing_stats_interval_s=config.routing_stats_period_s,
-                           **({} if config.autoscaling is None
-                              else {"critical_buffer_s": config.autoscaling.critical_buffer_s})))
+    direct = config.http == "direct"
     extra: list[Any] = []
     routers = list(routers)
     if config.images:
@@ -61,13 +42,48 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         routers.append(image_routes(lambda: serve.get_deployment_handle(IMAGE_DEPLOYMENT, app_name),
                                     api_key=config.api_key))
         extra.append(ImageTokenizerDeployment.bind(model_dir=config.tokenizer_dir))  # deployed with the app
+    http = IngressSettings(model=config.model, default_max_tokens=config.default_max_tokens,
+                           max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
+    replica = ReplicaSettings(central, grouping=config.grouping(),
+                              torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
+                              routing_stats_interval_s=config.routing_stats_period_s,
+                              stream_limit=direct_stream_limit(adm, config.replicas) if direct else 0,
+                              retry_after_s=config.retry_after_s,
+                              **({} if config.autoscaling is None
+                                 else {"critical_buffer_s": config.autoscaling.critical_buffer_s}))
+    if direct:
+        # The replica holds its share of the queue in its engine and answers 429 itself past it (admission.py);
+        # Serve's slots above that are for reports and the other small routes.
+        ongoing = (replica.stream_limit or adm.max_ongoing_requests) + CONTROL_SLOTS
+        most = config.replicas if config.autoscaling is None else config.autoscaling.max_replicas
+        queued = direct_proxy_queue(replica.stream_limit, most)
+    else:
+        # A replica takes every stream its working set can hold, not just a batch (admission.py; Serve's default
+        # of 5 would cap even the batch, ray-notes §6.1): streams beyond the batch wait in the engine, where the
+        # policy ranks them. Past the bounded queue the handle raises BackPressureError; the ingress answers 429.
+        ongoing, queued = adm.max_ongoing_requests, adm.max_queued_requests
+    cls = make_http_class(LLMServer, routers) if direct else LLMServer
+    llm = serve.deployment(cls, name="LLMServer").options(
+        **replica_count_options(config),
+        max_ongoing_requests=ongoing,
+        max_queued_requests=queued,
+        backpressure_config={"status_code": 429, "retry_after_s": config.retry_after_s},
+        ray_actor_options={"num_cpus": config.num_cpus, "num_gpus": config.num_gpus},
+        # The controller learns of a dead replica only from its next health check (on a dead actor it fails at
+        # once), so the period bounds how long the replica goes unreplaced. With one replica the next request waits
+        # that plus the restart: 12.6-13.7 s at 10 s (17.7 s by hand), 4.8-7.3 s at 2 s (tests/serve/test_faults.py);
+        # other live replicas serve it at once either way. A check is one no-op engine-thread call (replica.py).
+        health_check_period_s=2,
+        health_check_timeout_s=60,
+        request_router_config=request_router_config(config),
+    )
+    if direct:
+        return llm.bind(config.engine_config(), replica, http, *extra)
     ingress = serve.deployment(make_ingress(routers), name="OpenAIIngress").options(
         max_ongoing_requests=config.ingress_max_ongoing,
         ray_actor_options={"num_cpus": 0},
     )
-    settings = IngressSettings(model=config.model, default_max_tokens=config.default_max_tokens,
-                               max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
-    return ingress.bind(llm, settings, *extra)
+    return ingress.bind(llm.bind(config.engine_config(), replica), http, *extra)
 
 
 def replica_count_options(config: ServeConfig) -> dict[str, Any]:

@@ -15,7 +15,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {"model": args.model, "replicas": args.replicas, "policy": args.policy, "host": args.host,
                  "port": args.port, "api_key": args.api_key, "router": args.router,
-                 "tokenizer_dir": args.tokenizer}
+                 "http": args.http, "tokenizer_dir": args.tokenizer}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
@@ -50,7 +50,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tokenflow_ray.serve.config import ROUTERS
+    from tokenflow_ray.serve.config import HTTP_PLACEMENTS, ROUTERS
 
     p = sub.add_parser("serve", help="deploy the OpenAI-compatible app on local Ray (or RAY_ADDRESS)")
     p.add_argument("--model", help="local HF model directory, hub id, or 'embedded' (default)")
@@ -59,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--router", choices=ROUTERS,
                    help="replica choice for new streams: Serve's default (power of two choices on queue length) or "
                         "slack (buffer-slack: soonest start without starving a replica's readers)")
+    p.add_argument("--http", choices=HTTP_PLACEMENTS,
+                   help="who answers HTTP: the replicas (direct, one hop; default) or an ingress deployment in front "
+                        "(a dead replica's streams then get an error event instead of a closed connection)")
     p.add_argument("--config", metavar="serve.yaml", help="a Serve config YAML (also valid for `serve run`)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)

@@ -25,6 +25,7 @@ def _require(ok: bool, message: str) -> None:
 
 
 ROUTERS = ("default", "slack")
+HTTP_PLACEMENTS = ("direct", "ingress")
 
 
 def default_policy() -> str:
@@ -70,6 +71,10 @@ class ServeConfig:
     stream_events_per_s: float = 150.0
     num_cpus: float = 1.0  # per replica (Ray also sets the replica's torch threads from it)
     num_gpus: float = 0.0  # per replica
+    # Who answers HTTP (ingress.py): "direct", the replicas themselves (one hop between engine and socket; a
+    # dead replica's connections just end), or "ingress", a separate deployment in front (one more hop; a dead
+    # replica's streams get 503 / an error event). ingress_max_ongoing bounds that deployment's concurrency.
+    http: str = "direct"
     ingress_max_ongoing: int = 2048
     api_key: str | None = None  # set: /v1/* needs `Authorization: Bearer <api_key>`
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
@@ -120,7 +125,9 @@ class ServeConfig:
         adm = self.admission()
         most = self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
         reachable = most * adm.max_ongoing_requests + max(0, adm.max_queued_requests)
-        _require(self.ingress_max_ongoing >= reachable,
+        _require(self.http in HTTP_PLACEMENTS,
+                 f"http: must be one of {', '.join(HTTP_PLACEMENTS)}, got {self.http!r}")
+        _require(self.http != "ingress" or self.ingress_max_ongoing >= reachable,
                  "ingress_max_ongoing: must be >= (max_)replicas x max_ongoing_requests + max_queued_requests")
         _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
         _require(self.max_body_bytes >= 1024, "max_body_bytes: must be >= 1024")

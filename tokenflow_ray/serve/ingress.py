@@ -1,12 +1,25 @@
-"""The OpenAI-compatible HTTP ingress (FastAPI on Serve), shaped like Ray Serve LLM's OpenAiIngress.
+"""The OpenAI-compatible HTTP API (FastAPI on Serve), shaped like Ray Serve LLM's OpenAiIngress, in two placements.
+
+- direct (the default): the LLMServer replicas answer HTTP themselves. Serve's proxy hands each request to the
+  replica its request router picks (the buffer-slack router reads the request's path and headers: a consumption
+  report goes to the replica that owns the stream, serve/slack_router.py), so a token crosses one hop between the
+  engine and the socket, and a report is applied where its stream runs.
+- ingress: a separate OpenAIIngress deployment answers HTTP and calls the replicas through a handle. One more hop
+  and process, and in exchange the ingress outlives a replica: a replica that dies before a stream's first token is
+  answered 503 `replica_unavailable` instead of a dropped connection, and one that dies mid-stream gives its streams
+  an error event and `[DONE]` (errors.py). Direct mode gives the same answers for every failure inside a live
+  replica; a dead replica's streams there see their connection end, as with any single-process server.
+
+Both build the same routes (`make_http_class`) over two backends: the handle (`IngressBackend`) and the replica
+itself (`LLMServer`'s `_open_stream` and friends, replica.py).
 
 No `from __future__ import annotations` here: FastAPI reads route annotations at runtime, and string annotations
 of a class built inside a function do not resolve (a `request: Request` turns into a required query field).
 
-Every error is OpenAI-shaped. Errors found before the first token (bad JSON, validation, prompt too long, a dead
-replica: 503) are plain HTTP errors: the ingress waits for the replica's first delta before it sends the SSE headers.
-After them a failure is an error event in the stream, then `[DONE]`; the client gets a short message with the
-stream id and the server log gets the details (errors.py).
+Every error is OpenAI-shaped. Errors found before the first token (bad JSON, validation, prompt too long, a full
+server: 429, a dead replica: 503) are plain HTTP errors: the route waits for the first delta before it sends the
+SSE headers. After them a failure is an error event in the stream, then `[DONE]`; the client gets a short message
+with the stream id and the server log gets the details (errors.py).
 """
 
 
@@ -26,7 +39,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenflow_ray.serve.central import CentralSettings, get_central
+from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
 from tokenflow_ray.serve.errors import stream_failure
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.protocol import (
@@ -41,6 +54,8 @@ from tokenflow_ray.serve.responses import DONE, ChunkWriter, full_response, sse
 
 log = logging.getLogger(__name__)
 
+REPORT_PATH = "/v1/streams/{stream_id}/consumption"
+
 
 @dataclass(frozen=True)
 class IngressSettings:
@@ -49,6 +64,7 @@ class IngressSettings:
     max_body_bytes: int
     api_key: str | None
     central: CentralSettings
+    report_retry_s: float = 10.0  # a report is retried this long while the central actor restarts, then 503
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -58,10 +74,9 @@ def _error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def _queue_full(exc: BackPressureError) -> APIError:
-    # The LLMServer deployment's backpressure_config carries the server's Retry-After (app.py).
+def queue_full(retry_after_s: float | None) -> APIError:
     return APIError(429, "every replica's queue is full; retry later", code="queue_full",
-                    retry_after_s=exc.retry_after_s)
+                    retry_after_s=retry_after_s)
 
 
 def _install_error_handlers(api: FastAPI) -> None:
@@ -83,34 +98,56 @@ def _cause(exc: BaseException) -> BaseException:
     return getattr(exc, "cause", None) or exc
 
 
-def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
-    """A fresh FastAPI app and ingress class per build, so optional routers never mutate shared state."""
+class IngressBackend:
+    """The ingress placement's backend: streams and reports go through a handle to the LLMServer replicas."""
+
+    def __init__(self, llm: DeploymentHandle, settings: IngressSettings, *extra: DeploymentHandle) -> None:
+        self.llm = llm.options(stream=True)
+        self.http = settings
+        self.central = get_central(settings.central)
+
+    def _new_stream_id(self, prefix: str) -> str:
+        return prefix + uuid.uuid4().hex
+
+    def _open_stream(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+        return self.llm.generate.remote(req)
+
+    async def _route_report(self, report: Report) -> bool:
+        return await report_with_retry(self.central, report, self.http.report_retry_s)
+
+    def _stream_lost(self, stream_id: str) -> None:
+        # A dead replica cannot end its streams: end this one in the central table now (fire and forget; the
+        # actor's sweep drops whatever is left of the replica).
+        try:
+            self.central.deregister.remote(stream_id)
+        except Exception:  # the central actor is restarting: its table is rebuilt from live replicas anyway
+            log.warning("could not deregister stream %s", stream_id, exc_info=True)
+
+
+def make_http_class(base: type, routers: Sequence[APIRouter] = ()) -> type:
+    """The OpenAI routes over `base` (IngressBackend or LLMServer), on a fresh FastAPI app per build, so optional
+    routers never mutate shared state."""
     api = FastAPI(title="tokenflow_ray", docs_url=None, redoc_url=None)
     _install_error_handlers(api)
     for router in routers:
         api.include_router(router)
 
     @serve.ingress(api)
-    class OpenAIIngress:
-        def __init__(self, llm: DeploymentHandle, settings: IngressSettings, *extra: DeploymentHandle) -> None:
-            self.llm = llm.options(stream=True)
-            self.llm_unary = llm
-            self.s = settings
-            self.central = get_central(settings.central)
-
+    class OpenAIServer(base):
         # ---- request plumbing ---------------------------------------------------------------------------------
         def _auth(self, request: Request) -> None:
-            if self.s.api_key is None:
+            key = self.http.api_key
+            if key is None:
                 return
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token:
                 raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-            if not hmac.compare_digest(token.strip().encode(), self.s.api_key.encode()):
+            if not hmac.compare_digest(token.strip().encode(), key.encode()):
                 raise APIError(401, "incorrect API key provided", code="invalid_api_key")
 
         async def _body(self, request: Request) -> bytes:
-            limit = self.s.max_body_bytes
+            limit = self.http.max_body_bytes
             too_big = APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
             declared = request.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -140,21 +177,22 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
 
         async def _generate(self, req: CompletionRequest | ChatCompletionRequest, prefix: str,
                             **prompt: object) -> Response:
-            if req.model != self.s.model:
-                raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.s.model!r}",
+            if req.model != self.http.model:
+                raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.http.model!r}",
                                param="model", code="model_not_found")
             try:
-                sampling = req.sampling(self.s.default_max_tokens)
+                sampling = req.sampling(self.http.default_max_tokens)
             except ValueError as exc:
                 raise engine_value_error(exc) from None
-            stream_id = prefix + uuid.uuid4().hex
-            gen = self.llm.generate.remote(GenerateRequest(stream_id, sampling, rate=req.consumption_rate,
-                                                           **prompt))
+            stream_id = self._new_stream_id(prefix)
+            gen = self._open_stream(GenerateRequest(stream_id, sampling, rate=req.consumption_rate, **prompt))
             try:
-                # The handle routes on the first await: a full queue raises BackPressureError here, not at .remote().
+                # A handle routes on the first await: a full queue raises BackPressureError here, not at .remote().
                 first = await gen.__anext__()
-            except BackPressureError as exc:
-                raise _queue_full(exc) from None
+            except BackPressureError as exc:  # the LLMServer deployment's backpressure_config has Retry-After
+                raise queue_full(exc.retry_after_s) from None
+            except APIError:
+                raise
             except ValueError as exc:
                 raise engine_value_error(_cause(exc)) from None  # type: ignore[arg-type]
             except Exception as exc:  # before the headers: a plain HTTP error (503 if the replica died)
@@ -181,7 +219,7 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
                 yield sse(self._failed(exc, stream_id, "mid-stream").body()) + DONE
             finally:
                 if not last.finished:
-                    gen.cancel()  # client gone: the replica aborts the stream and frees its KV
+                    await _close(gen)  # client gone: the replica aborts the stream and frees its KV
 
         async def _collect(self, gen, first: Delta, stream_id: str, model: str, created: int,
                            chat: bool) -> JSONResponse:
@@ -196,7 +234,7 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
                 raise self._failed(exc, stream_id, "mid-response") from None
             finally:
                 if not last.finished:
-                    gen.cancel()
+                    await _close(gen)
             return JSONResponse(full_response(stream_id, model, created, chat, "".join(parts), last))
 
         def _failed(self, exc: BaseException, stream_id: str, when: str) -> APIError:
@@ -204,20 +242,23 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
             err = stream_failure(exc, stream_id)
             log.error("stream %s failed %s; answering %d %s", stream_id, when, err.status, err.code, exc_info=exc)
             if err.code == "replica_unavailable":
-                # A dead replica cannot deregister its streams: drop this one from the central view now (fire and
-                # forget; the actor's sweep drops whatever is left of the replica).
-                try:
-                    self.central.deregister.remote(stream_id)
-                except Exception:  # the central actor is restarting: its tables start empty anyway
-                    log.warning("could not deregister stream %s", stream_id, exc_info=True)
+                self._stream_lost(stream_id)
             return err
 
         # ---- the consumption-rate extension -------------------------------------------------------------------
-        @api.post("/v1/streams/{stream_id}/consumption", status_code=204)
+        @api.post(REPORT_PATH, status_code=204)
         async def consumption(self, stream_id: str, request: Request) -> Response:
             self._auth(request)
             rep = parse_body(await self._body(request), ConsumptionReport)
-            known = await self.central.report.remote(Report(stream_id, rep.consumed_tokens, rep.rate, rep.paused))
+            report = Report(stream_id, rep.consumed_tokens, rep.rate, rep.paused)
+            try:
+                known = await self._route_report(report)
+            except ValueError as exc:  # the owner refused it (e.g. consumed more than was generated)
+                raise engine_value_error(_cause(exc)) from None  # type: ignore[arg-type]
+            except Exception:
+                log.exception("report for %s could not be delivered", stream_id)
+                raise APIError(503, f"the report could not be delivered; retry (request id {stream_id})",
+                               code="report_undelivered", retry_after_s=1) from None
             if not known:
                 raise APIError(404, f"stream {stream_id!r} is unknown or finished", param="stream_id",
                                code="stream_not_found")
@@ -227,7 +268,7 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
         @api.get("/v1/models")
         async def models(self, request: Request) -> dict:
             self._auth(request)
-            return {"object": "list", "data": [{"id": self.s.model, "object": "model", "created": 0,
+            return {"object": "list", "data": [{"id": self.http.model, "object": "model", "created": 0,
                                                 "owned_by": "tokenflow_ray"}]}
 
         @api.get("/health")
@@ -241,4 +282,18 @@ def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
             stats = await self.central.stats.remote()
             return Response(render_prometheus(stats), media_type="text/plain; version=0.0.4")
 
-    return OpenAIIngress
+    return OpenAIServer
+
+
+async def _close(gen) -> None:
+    """End a stream the client left: a handle's generator is cancelled, a local one closed (its finally aborts)."""
+    cancel = getattr(gen, "cancel", None)
+    if cancel is not None:
+        cancel()
+    else:
+        await gen.aclose()
+
+
+def make_ingress(routers: Sequence[APIRouter] = ()) -> type:
+    """The ingress placement's deployment class (OpenAIIngress)."""
+    return make_http_class(IngressBackend, routers)

@@ -1,9 +1,13 @@
 """LLMServer: the Serve deployment replica that owns one engine (model, device KV pool, host spill store).
 
-Streams deltas to the ingress over one handle hop: the first token alone and at once, later tokens grouped by an
-interval that adapts to the reader's buffer and the replica's load (grouping.py; ray-notes §6.3: a per-token item
-costs ~0.7 ms, batching the first token costs TTFT). Client
-consumption reports arrive through the central actor's long-poll and are applied on the engine thread.
+Streams deltas to whoever answers HTTP (the replica itself in the direct placement, the ingress in the other:
+ingress.py): the first token alone and at once, later tokens grouped by an interval that adapts to the reader's
+buffer and the replica's load (grouping.py; ray-notes §6.3: a per-token item costs ~0.7 ms, batching the first
+token costs TTFT).
+
+Consumption reports for its own streams are applied here, on the engine thread, the moment they arrive; reports
+that reached the cluster elsewhere come through the central actor's long-poll. Either way the central table hears
+of every stream and report in batches (cluster/change_log.py), off the token path.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,10 +23,11 @@ import ray
 from ray import serve
 
 from tokenflow_ray.cluster.autoscaling import CRITICAL_BUFFER_S, ReplicaLoad, count_buffer_critical
+from tokenflow_ray.cluster.change_log import ChangeLog
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
-from tokenflow_ray.serve.central import CentralSettings, get_central
+from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
@@ -38,14 +44,21 @@ class ReplicaSettings:
     # served from cache, so Serve's poll never waits behind a busy engine (keep it <= the routing stats period).
     routing_stats_interval_s: float = 0.5
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
+    sync_interval_s: float = 0.2  # the central table gets this replica's changes in one batch this often
+    # Direct placement: streams beyond this many are refused 429 (admission.py); 0: no limit here (the ingress
+    # placement bounds them with Serve's max_ongoing/max_queued_requests instead).
+    stream_limit: int = 0
+    retry_after_s: float = 1.0
     critical_buffer_s: float = CRITICAL_BUFFER_S  # record_autoscaling_stats: readers under this are critical
 
 
 class LLMServer:
-    async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings) -> None:
+    async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings, http=None, *extra) -> None:
+        """`http` (IngressSettings) and `extra` (handles of deployments the routes call) in the direct placement."""
         from tokenflow_ray.engine.llm_engine import LLMEngine  # torch loads here, not in the ingress
 
         self.settings = settings
+        self.http = http
         if settings.torch_threads > 0:
             import torch
 
@@ -59,26 +72,22 @@ class LLMServer:
         self.totals = StreamTotals()
         self._seen_finished = 0
         self._last_snapshot = time.monotonic()
-        self._live: dict[str, float | None] = {}  # stream id -> declared rate, for re-registering after a restart
+        self.changes = ChangeLog()  # live streams, and what the central table has yet to hear
         self._active = 0  # streams being generated (the unpaced grouping budget is shared among them)
         self._routing_stats: dict = {}  # the latest ReplicaStats.to_dict(); {} until the first refresh
         loop = asyncio.get_running_loop()
         self._poll = loop.create_task(self._poll_loop())
+        self._sync = loop.create_task(self._sync_loop())
         self._routing_refresh = loop.create_task(self._routing_stats_loop())
 
     # ---- token path -------------------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
         prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
-        registered = False
 
         def on_added(sid: str) -> None:
-            # Fire and forget: the first token never waits for the central actor. A report that beats the
-            # registration there waits for it (CentralScheduler.register_grace_s). Submitted here, on the event
-            # loop, so it reaches the actor before this stream's deregister.
-            nonlocal registered
-            registered = True
-            self._live[sid] = req.rate
-            self._register(sid, req.rate)
+            # The central table learns of it in the next batch: the first token never waits for the actor. A
+            # report that beats the batch there waits for it (CentralScheduler.register_grace_s).
+            self.changes.add(sid, req.rate)
 
         grouper = DeltaGrouper(self.settings.grouping,
                                self.engine.config.default_rate if req.rate is None else req.rate)
@@ -99,9 +108,7 @@ class LLMServer:
                     n_new = 0
         finally:
             self._active -= 1
-            self._live.pop(req.stream_id, None)
-            if registered:
-                self.central.deregister.remote(req.stream_id)
+            self.changes.remove(req.stream_id)
 
     def _chat_prompt(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
         tok = self.engine.tokenizer
@@ -113,14 +120,45 @@ class LLMServer:
             ids = ids["input_ids"]
         return list(ids)
 
-    def _register(self, sid: str, rate: float | None) -> None:
-        def done(fut) -> None:  # a Ray worker thread; only logs
-            if fut.exception() is not None:  # the central actor is restarting: the poll loop re-registers
-                log.warning("could not register stream %s with the central actor: %s", sid, fut.exception())
+    # ---- the HTTP routes' backend in the direct placement (ingress.py) -------------------------------------------
+    def _new_stream_id(self, prefix: str) -> str:
+        # The owner's id rides in the stream id, so the router sends the stream's reports here (slack_router.py).
+        return f"{prefix}{uuid.uuid4().hex}-{self.replica_id}"
 
-        self.central.register.remote(sid, self.replica_id, rate).future().add_done_callback(done)
+    async def _open_stream(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+        from tokenflow_ray.serve.ingress import queue_full
 
-    # ---- consumption reports and stats ------------------------------------------------------------------------
+        limit = self.settings.stream_limit
+        if limit and self._active >= limit:
+            raise queue_full(self.settings.retry_after_s)
+        async for delta in self.generate(req):
+            yield delta
+
+    async def _route_report(self, report: Report) -> bool:
+        if report.stream_id in self.changes.live:
+            return await self.apply_report(report)
+        # Not ours (another router sent it here, or the stream moved): the central actor knows the owner.
+        return await report_with_retry(self.central, report, self.http.report_retry_s)
+
+    def _stream_lost(self, stream_id: str) -> None:  # a live replica loses no stream
+        pass
+
+    # ---- consumption reports and the central table -------------------------------------------------------------
+    async def apply_report(self, report: Report) -> bool:
+        """A report for one of this replica's streams, applied now; False if the stream is unknown or finished.
+        A report the reader model refuses (e.g. more consumed than was generated) raises ValueError."""
+        def apply() -> bool:  # engine thread
+            try:
+                self.engine.report_consumption(report.stream_id, report.consumed_tokens, report.rate, report.paused)
+            except LookupError:
+                return False
+            return True
+
+        known = await self.aengine.call(apply)
+        if known:
+            self.changes.reported(report)
+        return known
+
     async def _poll_loop(self) -> None:
         last_stats = 0.0
         while True:
@@ -131,13 +169,14 @@ class LLMServer:
                 reports = await self.central.wait_reports.remote(self.replica_id, stats)
                 if reports:
                     await self.aengine.call(lambda rs=reports: self._apply(rs))
+                    for r in reports:
+                        self.changes.reported(r)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("report poll failed; re-registering %d live streams", len(self._live))
+            except Exception:  # the central actor is restarting: the sync loop resends a full snapshot
+                log.warning("report poll failed; retrying", exc_info=True)
+                self.changes.need_full()
                 await asyncio.sleep(0.5)
-                for sid, rate in list(self._live.items()):
-                    self.central.register.remote(sid, self.replica_id, rate)
 
     def _apply(self, reports: list[Report]) -> None:  # engine thread
         for r in reports:
@@ -145,6 +184,38 @@ class LLMServer:
                 self.engine.report_consumption(r.stream_id, r.consumed_tokens, r.rate, r.paused)
             except (LookupError, ValueError) as exc:  # finished meanwhile, or ahead of what was generated
                 log.debug("report for %s dropped: %s", r.stream_id, exc)
+
+    async def _sync_loop(self) -> None:
+        """One batch of changes per interval to the central table; a full snapshot whenever it lost track.
+
+        Batches are not awaited one by one: a slow actor must not delay the next batch (registrations would pile
+        up behind it). Order does not matter to the table: a stream's end that overtakes its registration marks
+        it finished, and the late registration is then ignored (StreamTable.apply_changes)."""
+        interval = self.settings.sync_interval_s
+        sending: set[asyncio.Task] = set()
+        while True:
+            await asyncio.sleep(interval)
+            if not self.changes.pending:
+                continue
+            changes = self.changes.drain(await self.aengine.call(self._buffers))
+            task = asyncio.get_running_loop().create_task(self._send(changes))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+
+    async def _send(self, changes) -> None:
+        try:
+            if await self.central.update.remote(self.replica_id, changes):
+                self.changes.need_full()  # the table was emptied (a restart): the next batch rebuilds it
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("central table update failed; the next one is a full snapshot", exc_info=True)
+            self.changes.need_full()
+
+    def _buffers(self) -> tuple[tuple[str, float], ...]:  # engine thread
+        now = self.engine.clock.now()
+        return tuple((s.stream_id, s.buffer_s(now)) for s in self.engine.scheduler.streams.values()
+                     if s.rate > 0 and s.reader.generated > 0)
 
     async def _routing_stats_loop(self) -> None:
         interval = self.settings.routing_stats_interval_s
@@ -253,7 +324,7 @@ class LLMServer:
         await asyncio.wait_for(self.aengine.call(lambda: None), timeout=20.0)
 
     def __del__(self) -> None:
-        for name in ("_poll", "_routing_refresh"):
+        for name in ("_poll", "_sync", "_routing_refresh"):
             task = getattr(self, name, None)
             if task is not None:
                 task.cancel()

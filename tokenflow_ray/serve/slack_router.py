@@ -13,17 +13,22 @@ Serve 2.60 facts this leans on (cluster-notes §2.1, read in ray/serve/_private/
   `on_request_routed` (the replica accepted it) confirms it, on whichever replica Serve used;
   `on_request_completed` turns it into a departure the stats have yet to show (inflight.py).
 - Every method call through the handle is routed here, not just streams: only `generate` calls are booked.
+- In the direct placement the proxy routes HTTP requests here too, each as a pickled StreamingHTTPRequest
+  carrying the ASGI scope (no body): new streams are read from path and headers, and a consumption report goes
+  first to the replica its stream id names (cluster/http_requests.py).
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from typing import Any
 
 from ray.serve._private.common import ReplicaID
 from ray.serve._private.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from tokenflow_ray.cluster.http_requests import HttpRequestInfo, classify
 from tokenflow_ray.cluster.inflight import InflightLedger
 from tokenflow_ray.cluster.replica_stats import ReplicaStats
 from tokenflow_ray.cluster.routing import NewStream, SlackRouterConfig, prompt_tokens_estimate, rank_replicas
@@ -68,8 +73,27 @@ class SlackRequestRouter(RequestRouter):
         self.ledger.drop_replica(replica_id.unique_id)
 
     # ---- the decision -------------------------------------------------------------------------------------------
-    def _new_stream(self, pending: PendingRequest | None) -> NewStream | None:
-        if pending is None or pending.metadata.call_method != STREAM_METHOD or not pending.args:
+    def _http_request(self, pending: PendingRequest) -> HttpRequestInfo | None:
+        if not getattr(pending.metadata, "is_http_request", False) or not pending.args \
+                or not isinstance(pending.args[0], bytes):
+            return None
+        try:
+            scope = pickle.loads(pending.args[0]).asgi_scope  # the proxy's StreamingHTTPRequest
+            return classify(scope.get("method", ""), scope.get("path", ""), scope.get("headers", ()))
+        except Exception:  # not the proxy's request after all: route it like any other call
+            return None
+
+    def _new_stream(self, pending: PendingRequest | None,
+                    http: HttpRequestInfo | None = None) -> NewStream | None:
+        if pending is None:
+            return None
+        if http is not None:
+            if not http.new_stream:
+                return None
+            rate = self.slack.default_rate if http.rate is None else http.rate
+            # The body is JSON around the prompt: its length bounds the prompt's from above.
+            return NewStream(rate, max(1, int(http.body_bytes / self.slack.bytes_per_token)))
+        if pending.metadata.call_method != STREAM_METHOD or not pending.args:
             return None
         req = pending.args[0]
         rate = getattr(req, "rate", None)
@@ -82,15 +106,19 @@ class SlackRequestRouter(RequestRouter):
             return []
         now = time.time()
         self.ledger.expire(now)
-        new = self._new_stream(pending_request) or NewStream(self.slack.default_rate, 1)
+        http = None if pending_request is None else self._http_request(pending_request)
+        stream = self._new_stream(pending_request, http)
+        new = stream or NewStream(self.slack.default_rate, 1)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         stats = {rid: self._stats(r) for rid, r in by_id.items()}
         order = rank_replicas(stats, {rid: self.ledger.load(rid) for rid in by_id}, new, self.slack)
         full = {rid for rid, r in by_id.items()
                 if (q := self.replica_queue_len_cache.get(r.replica_id)) is not None and q >= r.max_ongoing_requests}
         order = [rid for rid in order if rid not in full] + [rid for rid in order if rid in full]
+        if http is not None and http.owner in by_id:  # a report: its stream's replica applies it at once
+            order = [http.owner] + [rid for rid in order if rid != http.owner]
         if pending_request is not None:
-            if pending_request.metadata.call_method == STREAM_METHOD:
+            if stream is not None:
                 self.ledger.book(pending_request.metadata.internal_request_id, order[0], now, new.rate,
                                  new.prompt_tokens)
             # Every candidate is in the ranks: if none takes the request, back off before asking again rather

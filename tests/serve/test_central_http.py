@@ -1,0 +1,171 @@
+"""The central scheduling actor over real HTTP (issue 14, item 3), in the default (direct) placement with two
+replicas and Serve's default router, so a report reaches its stream's replica directly or through the actor.
+
+- A rate-change report reaches the reader model that the owning replica's scheduler ranks the stream by, whether
+  the router sent it to the owner or to the other replica (then it goes through the central actor).
+- The actor killed mid-burst loses no stream and no report: streams never wait for it, reports sent while it is
+  down are retried into the restarted actor, and the replicas' snapshots rebuild its table, each stream with
+  the rate its reader reported during the gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+APP = "tfcentral"
+
+
+@pytest.fixture(scope="module")
+def central_app(serve_url):
+    from tokenflow_ray.serve.app import deploy, undeploy
+    from tokenflow_ray.serve.config import ServeConfig
+
+    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, policy="tokenflow",
+                         max_num_seqs=1, num_device_blocks=512, num_host_blocks=512, images=False)
+    try:
+        deploy(config)
+        yield f"{serve_url}/{APP}", config
+    finally:
+        undeploy(config)
+
+
+def _central(config):
+    import ray
+
+    from tokenflow_ray.serve.central import central_name
+
+    return ray.get_actor(central_name(config.app_name), namespace=config.central_namespace)
+
+
+def _body(i: int, max_tokens: int, rate: float) -> dict:
+    return {"model": "embedded", "prompt": f"Reader {i}:", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True, "consumption_rate": rate,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+async def _read(http: httpx.AsyncClient, url: str, i: int, max_tokens: int, rate: float,
+                ids: dict[int, str], arrivals: dict[int, list[tuple[float, int]]]) -> dict:
+    """One SSE reader: (time, tokens so far) at each event; its id into `ids` at the first one."""
+    arrivals[i] = []
+    async with http.stream("POST", url + "/v1/completions", json=_body(i, max_tokens, rate)) as resp:
+        assert resp.status_code == 200, (await resp.aread()).decode()
+        last = None
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return {"done": True, "last": last}
+            last = json.loads(line[6:])
+            assert "error" not in last, last
+            ids.setdefault(i, last["id"])
+            arrivals[i].append((time.monotonic(), last["usage"]["completion_tokens"]))
+    return {"done": False, "last": last}
+
+
+def _tokens_between(arrivals: list[tuple[float, int]], t0: float, t1: float) -> int:
+    before = max((n for t, n in arrivals if t <= t0), default=0)
+    upto = max((n for t, n in arrivals if t <= t1), default=0)
+    return upto - before
+
+
+async def _until(fn, timeout_s: float, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await fn()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(interval_s)
+
+
+def test_a_rate_change_report_reaches_the_owning_replicas_scheduler(central_app):
+    """The report changes the reader model the owner's scheduler ranks the stream by (rate, hence buffered
+    seconds), whichever replica the router handed the report to."""
+    from ray import serve
+
+    url, config = central_app
+    llm = serve.get_deployment_handle("LLMServer", config.app_name)
+    readers, tokens = 6, 400
+
+    async def owner_state(sid: str) -> dict | None:
+        for _ in range(20):  # the handle picks a replica at random: only the owner knows the stream
+            state = await asyncio.to_thread(lambda: llm.stream_state.remote(sid).result())
+            if state is not None:
+                return state
+        return None
+
+    async def run():
+        ids: dict[int, str] = {}
+        arrivals: dict[int, list] = {}
+        async with httpx.AsyncClient(timeout=120) as http:
+            tasks = [asyncio.create_task(_read(http, url, i, 1900 if i == 0 else tokens, 1.0 if i == 0 else 20.0,
+                                               ids, arrivals)) for i in range(readers)]
+            await _until(lambda: asyncio.sleep(0, len(ids) == readers), 60)
+            before = await owner_state(ids[0])
+            resp = await http.post(f"{url}/v1/streams/{ids[0]}/consumption", json={"rate": 400.0})
+            after = await _until(lambda: _rate_is(owner_state, ids[0], 400.0), 10)
+            results = await asyncio.gather(*tasks)
+        return resp.status_code, before, after, results
+
+    status, before, after, results = asyncio.run(run())
+    print(f"reader 0 at its replica: {before} before the report, {after} after")
+    assert status == 204 and all(r["done"] for r in results)
+    assert before is not None and before["rate"] == 1.0
+    assert after and after["rate"] == 400.0
+
+
+async def _rate_is(owner_state, sid: str, rate: float) -> dict | None:
+    state = await owner_state(sid)
+    return state if state is not None and state["rate"] == rate else None
+
+
+def test_killing_the_central_actor_mid_burst_loses_no_stream_and_no_report(central_app):
+    import ray
+
+    url, config = central_app
+    central = _central(config)
+    readers, tokens = 6, 1500  # long enough to be live through the kill, the restart and the rebuild
+
+    async def run():
+        ids: dict[int, str] = {}
+        arrivals: dict[int, list] = {}
+        async with httpx.AsyncClient(timeout=120) as http:
+            tasks = [asyncio.create_task(_read(http, url, i, tokens, 20.0, ids, arrivals)) for i in range(readers)]
+            await _until(lambda: asyncio.sleep(0, len(ids) == readers), 60)
+            def live() -> list[str]:
+                return [ids[i] for i, t in enumerate(tasks) if not t.done()]
+
+            before = await _until(lambda: _view_has(central, live()), 10)
+            ray.kill(central, no_restart=False)  # Ray restarts it (max_restarts=-1), with an empty table
+            # Each reader reports a rate of its own while the actor is down or restarting.
+            statuses = await asyncio.gather(*[
+                http.post(f"{url}/v1/streams/{ids[i]}/consumption", json={"rate": 20.0 + i, "consumed_tokens": 1})
+                for i in range(readers)])
+            rebuilt = await _until(lambda: _view_has(central, live(), {ids[i]: 20.0 + i for i in ids
+                                                                       if ids[i] in live()}), 30)
+            counters = await central.counters.remote()
+            results = await asyncio.gather(*tasks)
+        return before, [s.status_code for s in statuses], rebuilt, counters, results
+
+    before, statuses, rebuilt, counters, results = asyncio.run(run())
+    assert before, "the table never held every live stream"
+    assert statuses == [204] * readers, statuses
+    assert rebuilt, "the restarted actor's table was not rebuilt with the reported rates"
+    assert counters["full_snapshots"] >= 2  # one per replica: the table came from the replicas
+    assert all(r["done"] and r["last"]["usage"]["completion_tokens"] == tokens for r in results)
+
+
+async def _view_has(central, sids, rates: dict[str, float] | None = None) -> bool:
+    try:
+        view = await central.view.remote()
+    except Exception:  # restarting
+        return False
+    if not all(sid in view for sid in sids):
+        return False
+    return rates is None or all(view[sid]["rate"] == rate for sid, rate in rates.items())
