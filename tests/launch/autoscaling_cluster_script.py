@@ -16,7 +16,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,9 @@ from ray.cluster_utils import AutoscalingCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from tokenflow_ray.serve.local import free_ports  # noqa: E402  (after the path: the script runs standalone)
+
 BIN = Path(sys.executable).parent
 APP = "tfautoscale"
 
@@ -43,17 +45,6 @@ FAKE_BASE = {
     "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False, "rsync_exclude": [],
     "rsync_filter": [],
 }
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class LocalAutoscalingCluster(AutoscalingCluster):

@@ -10,7 +10,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,19 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tokenflow_ray.serve.local import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _serve_config(path: Path, port: int) -> None:
@@ -63,7 +53,7 @@ def test_ray_job_submit_runs_the_burst_bench_against_the_deployed_app():
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # the job's `python` is this one
     env.pop("RAY_ADDRESS", None)
-    gcs, dash, serve_port, client, agent, agent_grpc, metrics, env_agent, nm, om = _free_ports(10)
+    gcs, dash, serve_port, client, agent, agent_grpc, metrics, env_agent, nm, om = free_ports(10)
     temp = tempfile.mkdtemp(prefix="tfjob", dir="/tmp")  # short: Ray's socket paths are length-limited
     log = open(Path(temp) / "head.log", "w")
     head = subprocess.Popen(

@@ -25,6 +25,15 @@ class ServedApp:
         return serve.get_deployment_handle("LLMServer", self.config.app_name)
 
 
+def central_actor(config):
+    """The app's central scheduling actor (created with the app: deploy first)."""
+    import ray
+
+    from tokenflow_ray.serve.central import central_name
+
+    return ray.get_actor(central_name(config.app_name), namespace=config.central_namespace)
+
+
 @pytest.fixture(scope="session")
 def ray_serve(serve_url) -> str:
     return serve_url

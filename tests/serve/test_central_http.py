@@ -17,6 +17,8 @@ import time
 import httpx
 import pytest
 
+from tests.serve.conftest import central_actor
+
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfcentral"
@@ -34,14 +36,6 @@ def central_app(serve_url):
         yield f"{serve_url}/{APP}", config
     finally:
         undeploy(config)
-
-
-def _central(config):
-    import ray
-
-    from tokenflow_ray.serve.central import central_name
-
-    return ray.get_actor(central_name(config.app_name), namespace=config.central_namespace)
 
 
 def _body(i: int, max_tokens: int, rate: float) -> dict:
@@ -115,9 +109,10 @@ def test_a_rate_change_report_reaches_the_owning_replicas_scheduler(central_app)
 
     status, before, after, results = asyncio.run(run())
     print(f"reader 0 at its replica: {before} before the report, {after} after")
-    assert status == 204 and all(r["done"] for r in results)
-    assert before is not None and before["rate"] == 1.0
-    assert after and after["rate"] == 400.0
+    assert status == 204, (status, before, after)
+    assert all(r["done"] for r in results)
+    assert before is not None and before["rate"] == 1.0, before
+    assert after and after["rate"] == 400.0, (before, after)
 
 
 async def _rate_is(owner_state, sid: str, rate: float) -> dict | None:
@@ -129,7 +124,7 @@ def test_killing_the_central_actor_mid_burst_loses_no_stream_and_no_report(centr
     import ray
 
     url, config = central_app
-    central = _central(config)
+    central = central_actor(config)
     readers, tokens = 6, 1500  # long enough to be live through the kill, the restart and the rebuild
 
     async def run():

@@ -17,6 +17,8 @@ import time
 import httpx
 import pytest
 
+from tests.serve.conftest import central_actor
+
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 MAX_TOKENS = 1800  # long enough that every stream is mid-flight when the replica dies (context: 2048)
@@ -38,14 +40,6 @@ def deployed(app_name: str, replicas: int, max_num_seqs: int, router: str = "def
         yield config
     finally:
         undeploy(config)
-
-
-def _central(config):
-    import ray
-
-    from tokenflow_ray.serve.central import central_name
-
-    return ray.get_actor(central_name(config.app_name), namespace=config.central_namespace)
 
 
 def _replica_actor_names(app_name: str) -> set[str]:
@@ -158,7 +152,7 @@ def test_killing_one_of_two_replicas_fails_only_its_streams(serve_url, router, h
 
     app = f"tffault2{router}{http}"
     with deployed(app, replicas=2, max_num_seqs=8, router=router, http=http) as config:
-        url, central = f"{serve_url}/{app}", _central(config)
+        url, central = f"{serve_url}/{app}", central_actor(config)
 
         async def run():
             ids: dict[int, str] = {}
@@ -223,7 +217,7 @@ def test_the_only_replica_killed_before_and_after_first_tokens(serve_url):
                 assert await _wait_for(lambda: 0 in ids, 60)
                 waiting = asyncio.create_task(_stream(http, url, 1, ids))
                 assert await _wait_for(lambda: llm.stats.remote().result()["gauges"]["num_waiting"] >= 1, 30)
-                owner = await _owners(_central(config), ids, 1)
+                owner = await _owners(central_actor(config), ids, 1)
                 _kill_replica(app, owner[0])
                 killed_at = time.monotonic()
                 mid, before = await asyncio.gather(running, waiting)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.serve.conftest import central_actor
 from tokenflow_ray.client import StreamSpec, run_load
 from tokenflow_ray.cluster.replica_stats import ReplicaStats
 
@@ -35,12 +36,6 @@ def route_app(serve_url):
         yield f"{serve_url}/{APP}", config
     finally:
         undeploy(config)
-
-
-def _central(config):
-    from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
-
-    return get_central(CentralSettings(central_name(config.app_name), config.central_namespace))
 
 
 def _wait(cond, timeout_s: float, what: str):
@@ -82,7 +77,7 @@ def test_bursts_of_paced_streams_are_spread_evenly_and_complete(route_app):
     import ray
 
     base, config = route_app
-    central = _central(config)
+    central = central_actor(config)
     # Both replicas up and heard from (the ingress's router gets their stats too), then warm.
     _wait(lambda: len(ray.get(central.stats.remote())) == REPLICAS, 90, "both replicas' stats")
     asyncio.run(run_load(base, [StreamSpec(f"warm {i}", max_tokens=2) for i in range(WARM)], timeout_s=60))

@@ -29,6 +29,7 @@ from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
+from tokenflow_ray.serve.ingress import queue_full
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
 
@@ -126,8 +127,6 @@ class LLMServer:
         return f"{prefix}{uuid.uuid4().hex}-{self.replica_id}"
 
     async def _open_stream(self, req: GenerateRequest) -> AsyncIterator[Delta]:
-        from tokenflow_ray.serve.ingress import queue_full
-
         limit = self.settings.stream_limit
         if limit and self._active >= limit:
             raise queue_full(self.settings.retry_after_s)
