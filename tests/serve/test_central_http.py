@@ -81,18 +81,17 @@ async def _until(fn, timeout_s: float, interval_s: float = 0.1):
 def test_a_rate_change_report_reaches_the_owning_replicas_scheduler(central_app):
     """The report changes the reader model the owner's scheduler ranks the stream by (rate, hence buffered
     seconds), whichever replica the router handed the report to."""
-    from ray import serve
-
     url, config = central_app
-    llm = serve.get_deployment_handle("LLMServer", config.app_name)
     readers, tokens = 6, 400
 
+    central = central_actor(config)
+
     async def owner_state(sid: str) -> dict | None:
-        for _ in range(20):  # the handle picks a replica at random: only the owner knows the stream
-            state = await asyncio.to_thread(lambda: llm.stream_state.remote(sid).result())
-            if state is not None:
-                return state
-        return None
+        # The buffer in seconds is the owner's own scheduler's figure (tokens ahead / the rate it ranks by), sent
+        # in its batches; a handle call would reach whichever replica Serve's router prefers, not the owner.
+        view = await central.view.remote()
+        entry = view.get(sid)
+        return None if entry is None or entry["buffer_s"] is None else entry
 
     async def run():
         ids: dict[int, str] = {}
@@ -101,7 +100,7 @@ def test_a_rate_change_report_reaches_the_owning_replicas_scheduler(central_app)
             tasks = [asyncio.create_task(_read(http, url, i, 1900 if i == 0 else tokens, 1.0 if i == 0 else 20.0,
                                                ids, arrivals)) for i in range(readers)]
             await _until(lambda: asyncio.sleep(0, len(ids) == readers), 60)
-            before = await owner_state(ids[0])
+            before = await _until(lambda: owner_state(ids[0]), 10)
             resp = await http.post(f"{url}/v1/streams/{ids[0]}/consumption", json={"rate": 400.0})
             after = await _until(lambda: _rate_is(owner_state, ids[0], 400.0), 10)
             results = await asyncio.gather(*tasks)
@@ -112,7 +111,13 @@ def test_a_rate_change_report_reaches_the_owning_replicas_scheduler(central_app)
     assert status == 204, (status, before, after)
     assert all(r["done"] for r in results)
     assert before is not None and before["rate"] == 1.0, before
+    # The owner's next batch carries its scheduler's buffer at the new rate (seconds = tokens ahead / rate).
     assert after and after["rate"] == 400.0, (before, after)
+
+
+async def _buffered_over(owner_state, sid: str, seconds: float) -> dict | None:
+    state = await owner_state(sid)
+    return state if state is not None and state["buffer_s"] > seconds else None
 
 
 async def _rate_is(owner_state, sid: str, rate: float) -> dict | None:
