@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from tokenflow_ray.engine.llm_engine import LLMEngine
+from tokenflow_ray.engine.migration import ExportedStream, StreamNotExportable
 from tokenflow_ray.engine.outputs import StreamOutput
 from tokenflow_ray.engine.sampling import SamplingParams
 
@@ -30,6 +31,16 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+class StreamMoved(Exception):
+    """Raised in a stream's iterator when the stream left this engine for another (migration): `where` says
+    where the rest of its outputs come from."""
+
+    def __init__(self, stream_id: str, where: Any) -> None:
+        super().__init__(f"stream {stream_id} moved")
+        self.stream_id = stream_id
+        self.where = where
+
+
 IDLE_STEP_WAIT_S = 0.002  # about a fifth of a decode step here: pacing resolution, not CPU burn
 
 
@@ -39,6 +50,7 @@ class AsyncLLMEngine:
         self._idle_wait_s = idle_wait_s
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._exports: dict[str, concurrent.futures.Future] = {}  # streams leaving once they can (migration)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenflow-engine", daemon=True)
@@ -61,11 +73,19 @@ class AsyncLLMEngine:
                        stream_id: str | None = None, arrival_time: float | None = None,
                        on_added: Callable[[str], None] | None = None,
                        rate: float | None = None) -> AsyncIterator[StreamOutput]:
+        async for out in self._iterate(lambda: self.engine.add_request(prompt, sampling, stream_id, arrival_time,
+                                                                       rate), on_added):
+            yield out
+
+    async def _iterate(self, enter: Callable[[], str],
+                       on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput]:
+        """Enter a stream on the engine thread (`enter` returns its id) and yield its outputs until it ends; a
+        consumer that stops early aborts it."""
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
 
         def add() -> str:
-            sid = self.engine.add_request(prompt, sampling, stream_id, arrival_time, rate)
+            sid = enter()
             self._sinks[sid] = (loop, sink)
             return sid
 
@@ -76,6 +96,9 @@ class AsyncLLMEngine:
         try:
             while True:
                 item = await sink.get()
+                if isinstance(item, StreamMoved):
+                    finished = True  # not ours to abort any more
+                    raise item
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -88,6 +111,59 @@ class AsyncLLMEngine:
 
     async def abort(self, stream_id: str) -> bool:
         return await self.call(lambda: self._abort(stream_id))
+
+    # ---- migration --------------------------------------------------------------------------------------------
+    async def export(self, stream_id: str) -> ExportedStream | None:
+        """Pause a live stream and take it out of the engine once no copy of its KV is in flight; None if it
+        finished first. Its iterator stays open, waiting: end it with `handed_off`, or `take_back` the stream."""
+        def start() -> concurrent.futures.Future:
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            self.engine.begin_export(stream_id)  # raises for unknown ids
+            self._exports[stream_id] = fut
+            self._poll_exports()
+            return fut
+
+        return await asyncio.wrap_future(await self.call(start))
+
+    async def handed_off(self, stream_id: str, where: Any) -> None:
+        """The exported stream lives elsewhere now: its iterator raises StreamMoved(where) after its last outputs."""
+        def deliver() -> None:
+            target = self._sinks.pop(stream_id, None)
+            if target is not None:
+                target[0].call_soon_threadsafe(target[1].put_nowait, StreamMoved(stream_id, where))
+
+        await self.call(deliver)
+
+    async def take_back(self, exported: ExportedStream) -> None:
+        """The move failed: continue the exported stream here; its open iterator gets its outputs again."""
+        def back() -> None:
+            if exported.stream_id in self._sinks:  # else its reader is gone: nothing to continue for
+                self.engine.import_stream(exported)
+
+        await self.call(back)
+
+    async def adopt(self, exported: ExportedStream, elapsed_s: float = 0.0) -> AsyncIterator[StreamOutput]:
+        """Continue a stream another engine exported; yields its outputs from here on, like `generate`."""
+        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s)):
+            yield out
+
+    def _poll_exports(self) -> None:
+        for sid, fut in list(self._exports.items()):
+            try:
+                exported = self.engine.try_export(sid)
+            except StreamNotExportable:  # it finished (or was aborted) before it could leave
+                exported = None
+            except Exception as exc:  # noqa: BLE001 - delivered to the caller
+                del self._exports[sid]
+                if self.engine.get_stream(sid) is not None:
+                    self.engine.cancel_export(sid)  # it keeps running here
+                fut.set_exception(exc)
+                continue
+            else:
+                if exported is None and self.engine.get_stream(sid) is not None:
+                    continue  # not yet: after the next step
+            del self._exports[sid]
+            fut.set_result(exported)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -115,6 +191,8 @@ class AsyncLLMEngine:
                 self._fail_all(exc)
                 continue
             self._dispatch(outputs)
+            if self._exports:
+                self._poll_exports()
             if self.engine.idle:  # every live stream is paced for now: wait a little, or a command, not spin
                 self._wake.wait(IDLE_STEP_WAIT_S)
                 self._wake.clear()
@@ -151,6 +229,9 @@ class AsyncLLMEngine:
                         self.engine.abort(out.stream_id)
 
     def _fail_all(self, exc: BaseException) -> None:
+        exports, self._exports = self._exports, {}
+        for fut in exports.values():
+            fut.set_exception(exc)
         sinks, self._sinks = self._sinks, {}
         for sid, (loop, sink) in sinks.items():
             self.engine.abort(sid)

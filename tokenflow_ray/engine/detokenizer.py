@@ -33,6 +33,7 @@ def bytes_to_unicode() -> dict[int, str]:
 class StreamDecoder(Protocol):
     def feed(self, token_id: int) -> str: ...
     def flush(self) -> str: ...
+    def state(self) -> tuple: ...  # small and picklable: what a migrated stream carries to its new replica
 
 
 class ByteTableDecoder:
@@ -46,6 +47,12 @@ class ByteTableDecoder:
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
+
+    def state(self) -> tuple:
+        return ("bytes", self._utf8.getstate())  # the bytes of a character not yet complete
+
+    def restore(self, state: tuple) -> None:
+        self._utf8.setstate(state[1])
 
 
 class WindowDecoder:
@@ -72,6 +79,13 @@ class WindowDecoder:
         self._prefix = self._read = len(self._ids)
         return full_text[len(prefix_text):]
 
+    def state(self) -> tuple:
+        # Only the decode window matters: tokens before it are already text.
+        return ("window", tuple(self._ids[self._prefix:]), self._read - self._prefix)
+
+    def restore(self, state: tuple) -> None:
+        self._ids, self._prefix, self._read = list(state[1]), 0, state[2]
+
 
 class DecoderFactory:
     """Builds one StreamDecoder per stream for a given HF tokenizer (the byte table is built once)."""
@@ -82,6 +96,15 @@ class DecoderFactory:
 
     def new(self) -> StreamDecoder:
         return ByteTableDecoder(self._table) if self._table is not None else WindowDecoder(self._tokenizer)
+
+    def restore(self, state: tuple) -> StreamDecoder:
+        """A decoder that continues where the one whose `state()` this is stopped (on another replica)."""
+        decoder = self.new()
+        expected = "bytes" if isinstance(decoder, ByteTableDecoder) else "window"
+        if state[0] != expected:
+            raise ValueError(f"detokenizer state: a {state[0]!r} decoder's state, this tokenizer needs {expected!r}")
+        decoder.restore(state)
+        return decoder
 
 
 def _byte_table(tokenizer: Any) -> list[bytes] | None:
@@ -110,22 +133,22 @@ class StopMatcher:
     """Holds back text that could still become a stop string; cuts the text at the first stop string."""
 
     stops: tuple[str, ...]
-    _pending: str = field(default="")
+    pending: str = field(default="")  # text held back: a migrated stream carries it
 
     def push(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, stopped)."""
         if not self.stops:
             return text, False
-        buf = self._pending + text
+        buf = self.pending + text
         cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
-            self._pending = ""
+            self.pending = ""
             return buf[:cut], True
         hold = max((k for s in self.stops for k in range(min(len(s) - 1, len(buf)), 0, -1)
                     if buf.endswith(s[:k])), default=0)
-        self._pending = buf[len(buf) - hold:] if hold else ""
+        self.pending = buf[len(buf) - hold:] if hold else ""
         return buf[:len(buf) - hold], False
 
     def flush(self) -> str:
-        out, self._pending = self._pending, ""
+        out, self.pending = self.pending, ""
         return out

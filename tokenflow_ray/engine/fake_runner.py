@@ -50,6 +50,18 @@ class FakeRunner:
                           copy_s=copies * self.copy_cost_s, copy_bytes=copies * self.info.kv_bytes_per_token * bs,
                           swap_out_s=self._swap_out_times(plan))
 
+    # ---- migration: the host slots of some blocks out, and into another runner's host store -----------------
+    def export_kv(self, host_blocks: list[int]) -> list[list[int | None]]:
+        bs = self.block_size
+        return [self.host_slots[b * bs:(b + 1) * bs] for b in host_blocks]
+
+    def import_kv(self, host_blocks: list[int], data: list[list[int | None]]) -> None:
+        if len(data) != len(host_blocks) or any(len(d) != self.block_size for d in data):
+            raise ValueError("KV blocks: shape does not match this store")
+        bs = self.block_size
+        for b, d in zip(host_blocks, data):
+            self.host_slots[b * bs:(b + 1) * bs] = d
+
     def _swap_out_times(self, plan: StepPlan) -> dict[str, float]:
         """Tails copied one stream after another, in plan order, at copy_cost_s a block."""
         done: dict[str, float] = {}

@@ -24,6 +24,7 @@ from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.config import CacheConfig, SchedulerConfig
 from tokenflow_ray.engine.cost_model import CostModel
 from tokenflow_ray.engine.kv_manager import KVManager
+from tokenflow_ray.engine.migration import StreamNotExportable
 from tokenflow_ray.engine.plan import PENDING_TOKEN, ScheduledChunk, StepPlan, StepResult
 from tokenflow_ray.engine.policies import SchedulerView, SchedulingPolicy, make_policy
 from tokenflow_ray.engine.sampling import SamplingParams
@@ -57,6 +58,7 @@ class Scheduler:
         self._announced: set[str] = set()  # streams whose sampling params the runner already has
         # Stream -> how many blocks of its current device table the runner holds: plans carry only the rest.
         self._table_sent: dict[str, int] = {}
+        self._leaving: set[str] = set()  # streams to be exported (migration): never admitted or resumed again here
         self._step_ids = itertools.count()
 
     # ---- stream lifecycle -------------------------------------------------------------------------------------
@@ -85,6 +87,7 @@ class Scheduler:
         self.kv.release_host(stream)
         self._table_sent.pop(stream_id, None)  # the runner drops the table with plan.finished
         self._finishing.discard(stream_id)
+        self._leaving.discard(stream_id)
         stream.status = status
         now = max(now, stream.reader.first_token_time or now)
         stream.reader.finish(now)
@@ -94,14 +97,68 @@ class Scheduler:
             self._finished_since_plan.append(stream_id)
         return stream
 
-    def preempt(self, stream_id: str, now: float) -> bool:
-        """Pause a running stream between steps (to the host if the policy uses it); it lands in the next plan."""
+    def preempt(self, stream_id: str, now: float, to_host: bool | None = None) -> bool:
+        """Pause a running stream between steps (to the host if the policy uses it, or as `to_host` says); it
+        lands in the next plan."""
         stream = self.streams.get(stream_id)
         if stream is None or stream.status != StreamStatus.RUNNING:
             return False
-        self._preempt(stream, self.view(now))
+        self._preempt(stream, self.view(now), to_host)
         self._preempted_since_plan.append(stream_id)
         return True
+
+    # ---- migration: an exit that is not an abort, an entry for a paused stream ---------------------------------
+    def hold_for_export(self, stream_id: str) -> None:
+        """The stream is to leave: from now on it is never admitted or resumed here (a running one is paused by
+        the caller with `preempt`). Unknown or finished ids raise StreamNotExportable."""
+        if stream_id not in self.streams:
+            raise StreamNotExportable(f"stream {stream_id!r} is unknown or finished")
+        self._leaving.add(stream_id)
+
+    def cancel_export(self, stream_id: str) -> None:
+        self._leaving.discard(stream_id)
+
+    def exportable(self, stream_id: str) -> bool:
+        """Paused (host KV complete, or none) with no copy of its KV in flight: it can leave between steps."""
+        stream = self.streams.get(stream_id)
+        return (stream is not None and stream.status in (StreamStatus.PREEMPTED, StreamStatus.WAITING)
+                and stream_id not in self._swap_blocks and stream_id not in self._preempted_since_plan)
+
+    def release(self, stream_id: str) -> Stream:
+        """Take an exportable stream out, unfinished: its host blocks are freed (the caller has read them), the
+        runner drops its state with the next plan, and its reader and record are left as they are."""
+        if not self.exportable(stream_id):
+            raise StreamNotExportable(f"stream {stream_id!r} cannot leave now (running, loading or copying)")
+        stream = self.streams.pop(stream_id)
+        self._leaving.discard(stream_id)
+        self.kv.release_host(stream)
+        self._table_sent.pop(stream_id, None)
+        if stream_id in self._announced:
+            self._announced.discard(stream_id)
+            self._finished_since_plan.append(stream_id)
+        return stream
+
+    def adopt(self, stream: Stream, num_kv_tokens: int) -> list[int]:
+        """Enter an imported stream, paused. With KV for its first num_kv_tokens tokens and room in the host
+        store it is PREEMPTED on host blocks allocated here (returned: the caller writes the data into them), and
+        resumes by load or recompute like any paused stream; otherwise it is WAITING and recomputes."""
+        self.check_admissible(stream)
+        if not 0 <= num_kv_tokens < stream.num_tokens + 1:
+            raise ValueError(f"adopt: {num_kv_tokens} KV tokens for a stream of {stream.num_tokens}")
+        stream.block_ids, stream.num_computed_tokens = [], 0
+        needed = self.pool.blocks_for_tokens(num_kv_tokens)
+        host_ids: list[int] = []
+        if num_kv_tokens and self.kv.host is not None and self.kv.host.can_allocate(needed):
+            host_ids = self.kv.host.allocate(needed)
+            stream.host_block_ids, stream.num_host_tokens = list(host_ids), num_kv_tokens
+            stream.status = StreamStatus.PREEMPTED
+        else:
+            if num_kv_tokens:
+                stream.record.record_recompute(num_kv_tokens)
+            stream.host_block_ids, stream.num_host_tokens = [], 0
+            stream.status = StreamStatus.WAITING
+        self.streams[stream.stream_id] = stream
+        return host_ids
 
     @property
     def num_unfinished(self) -> int:
@@ -201,6 +258,8 @@ class Scheduler:
         for s in ranked:
             if len(chosen) >= self.config.max_num_seqs:
                 break
+            if s.stream_id in self._leaving:
+                continue
             is_new = s.status == StreamStatus.WAITING and not s.num_preemptions
             if is_new and working >= limit:
                 continue
@@ -256,8 +315,8 @@ class Scheduler:
                 continue
             if budget <= 0 or num_active >= self.config.max_num_seqs:
                 break
-            if stream.stream_id in preempted_now:
-                continue  # paused this step: its tail is still being copied
+            if stream.stream_id in preempted_now or stream.stream_id in self._leaving:
+                continue  # paused this step (its tail is still being copied), or about to move to another engine
             is_new = stream.status == StreamStatus.WAITING and not stream.num_preemptions
             if is_new and working >= limit:
                 continue  # the working set is full: new streams wait, resumes still go ahead
@@ -266,6 +325,7 @@ class Scheduler:
                     if not self.kv.start_load(stream):
                         break  # no memory: keep rank order
                     stream.status = StreamStatus.LOADING
+                    self._announce(stream, new_streams)  # an imported stream's first plan here may be its load
                     num_active += 1
                     continue
                 first = self.pool.blocks_for_tokens(min(stream.num_tokens, budget))
@@ -281,14 +341,18 @@ class Scheduler:
                 break  # head-of-line: admission keeps the policy's order
             stream.status = StreamStatus.RUNNING
             prefills.append(self._chunk(stream, n))
-            if stream.stream_id not in self._announced:
-                self._announced.add(stream.stream_id)
-                new_streams.append((stream.stream_id, stream.sampling))
+            self._announce(stream, new_streams)
             working += is_new
             num_active += 1
             budget -= n
             reserve += self.policy.reserve_tokens([stream])
         return budget
+
+    def _announce(self, stream: Stream, new_streams: list[tuple[str, SamplingParams]]) -> None:
+        """The runner learns a stream's sampling parameters with the first plan that schedules it."""
+        if stream.stream_id not in self._announced:
+            self._announced.add(stream.stream_id)
+            new_streams.append((stream.stream_id, stream.sampling))
 
     def _resume_by_load(self, stream: Stream) -> bool:
         """Reload unless recomputing is cheaper than the I/O, with the copies queued ahead of it now: tails being
@@ -388,9 +452,10 @@ class Scheduler:
                               start_pos=start, new_blocks=tuple(blocks[sent:]) if len(blocks) > sent else (),
                               first_block=sent, sample=start + n == stream.num_tokens)
 
-    def _preempt(self, stream: Stream, view: SchedulerView) -> None:
+    def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)
-        swapped = self.kv.swap_out(stream) if self.policy.uses_host_store else None
+        to_host = self.policy.uses_host_store if to_host is None else to_host
+        swapped = self.kv.swap_out(stream) if to_host else None
         if swapped is not None:
             self._swap_blocks[stream.stream_id] = swapped
             stream.status = StreamStatus.PREEMPTED
@@ -408,6 +473,7 @@ class Scheduler:
         self.kv.check_integrity(self.streams.values())
         assert self._finishing <= set(self.streams), "a stream marked as finishing is gone"
         assert set(self._table_sent) <= set(self.streams), "the runner is sent a table of a stream that is gone"
+        assert self._leaving <= set(self.streams), "a stream held for export is gone"
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"

@@ -143,6 +143,15 @@ class ReaderModel:
         ongoing = t - self._ready if self._waiting(t) else 0.0
         return self._stall + ongoing
 
+    def shifted(self, dt: float) -> None:
+        """Move every stored time by dt: the model carried to another clock (a stream migrated to another
+        replica, whose monotonic clock has a different origin). The buffer and the stall so far are unchanged."""
+        check_time(dt, "dt")
+        self._runs = deque((t + dt, n) for t, n in self._runs)
+        self._ready = None if self._ready is None else self._ready + dt
+        self._first = None if self._first is None else self._first + dt
+        self._now += dt
+
     # ---- internals --------------------------------------------------------------------------------
     def _check_now(self, t: float) -> float:
         t = check_time(t)

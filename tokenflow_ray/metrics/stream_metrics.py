@@ -33,6 +33,7 @@ class StreamRecord:
     token_buffers: list[float] = field(default_factory=list)
     preemptions: int = 0
     tokens_recomputed: int = 0
+    migrations: int = 0  # moves to another replica
     finished: bool = False
     # Stall seconds from the live ReaderModel (which saw client reports). None: replay the declared rate.
     stall_s: float | None = None
@@ -72,6 +73,15 @@ class StreamRecord:
                 raise ValueError(f"stall_s must be a number >= 0, got {stall_s!r}")
             self.stall_s = float(stall_s)
         self.finished = True
+
+    def shifted(self, dt: float) -> None:
+        """Move every stored time by dt (the record carried to another replica's clock)."""
+        check_time(dt, "dt")
+        self.arrival_s += dt
+        self.token_times = [t + dt for t in self.token_times]
+
+    def record_migration(self) -> None:
+        self.migrations += 1
 
     # ---- derived ---------------------------------------------------------------------------------
     @property

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tokenflow_ray.engine.plan import BlockCopy, StepPlan
@@ -70,6 +71,27 @@ class KVTransfer:
     def host_block(self, host_block: int) -> torch.Tensor:
         """One host block, [layers, 2, block_size, kv_heads, head_dim], whichever layout the pool has."""
         return self.host_kv[host_block] if self._cuda is not None else self.host_kv[:, :, host_block]
+
+    def read_host_blocks(self, host_blocks: list[int]):
+        """The KV of these host blocks as one numpy array, block-major ([n, layers, 2, block_size, kv_heads,
+        head_dim]; bfloat16 as int16): what a migrated stream carries through Ray's object store."""
+        _, host_np = self._np_views()
+        if self._cuda is not None:
+            return host_np[host_blocks].copy()
+        return np.ascontiguousarray(np.moveaxis(host_np[:, :, host_blocks], 2, 0))
+
+    def write_host_blocks(self, host_blocks: list[int], data) -> None:
+        """Store blocks that `read_host_blocks` of a runner with the same model and layout gave."""
+        _, host_np = self._np_views()
+        expected = (len(host_blocks),) + (host_np.shape[1:] if self._cuda is not None else
+                                          host_np.shape[:2] + host_np.shape[3:])
+        if tuple(data.shape) != expected or data.dtype != host_np.dtype:
+            raise ValueError(f"KV blocks: got {data.dtype}{tuple(data.shape)}, this pool holds "
+                             f"{host_np.dtype}{expected} (another model or block size?)")
+        if self._cuda is not None:
+            host_np[host_blocks] = data
+        else:
+            host_np[:, :, host_blocks] = np.moveaxis(data, 0, 2)
 
     def _swap_out_tails(self, copies: tuple[BlockCopy, ...]) -> dict[str, float]:
         """One stream's tail after another, shortest first (the mean wait for freed blocks is then least);

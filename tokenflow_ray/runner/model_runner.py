@@ -116,12 +116,32 @@ class TorchModelRunner:
         self._default_gen = torch.Generator(device=self.device).manual_seed(mc.seed)
         self._generators: dict[str, torch.Generator] = {}
         self._params: dict[str, SamplingParams] = {}
+        self._restored: dict[str, bytes] = {}  # imported streams' generator states, until first scheduled
         log.info("loaded %s (%s, %s, %s attention, %d KV blocks)", self.model_dir, self.device, self.dtype,
                  self.backend.name, cc.num_device_blocks)
 
     def init_thread(self) -> None:
         """Called on the engine's runner thread (overlapped scheduling): torch's thread count is per thread."""
         torch.set_num_threads(self._num_threads)
+
+    # ---- migration (between steps, on the engine's thread) ----------------------------------------------------
+    def export_kv(self, host_blocks: list[int]):
+        return self._transfer_or_raise().read_host_blocks(host_blocks)
+
+    def import_kv(self, host_blocks: list[int], data) -> None:
+        self._transfer_or_raise().write_host_blocks(host_blocks, data)
+
+    def export_sampler(self, stream_id: str) -> bytes | None:
+        gen = self._generators.get(stream_id)
+        return None if gen is None else gen.get_state().numpy().tobytes()
+
+    def import_sampler(self, stream_id: str, state: bytes) -> None:
+        self._restored[stream_id] = state
+
+    def _transfer_or_raise(self) -> KVTransfer:
+        if self.transfer is None:
+            raise ValueError("KV migration needs a host spill store (num_host_blocks > 0)")
+        return self.transfer
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
@@ -131,7 +151,11 @@ class TorchModelRunner:
             self._params.pop(sid, None)
         for sid, params in plan.new_streams:
             self._params[sid] = params
-            if params.seed is not None:  # a seeded stream samples the same tokens whatever else is batched
+            restored = self._restored.pop(sid, None)
+            if restored is not None:  # a migrated stream continues its generator where it left off
+                self._generators[sid] = torch.Generator(device=self.device)
+                self._generators[sid].set_state(torch.frombuffer(bytearray(restored), dtype=torch.uint8))
+            elif params.seed is not None:  # a seeded stream samples the same tokens whatever else is batched
                 self._generators[sid] = torch.Generator(device=self.device).manual_seed(params.seed)
         self.batch.apply(plan)
         copies = self.transfer.launch(plan) if plan.has_copies and self.transfer is not None else None
