@@ -14,7 +14,7 @@ from tokenflow_ray.engine.sampling import SamplingParams
 
 
 def _run(engines, tokens, steps=None):
-    for step in range(steps or 5000):
+    for _ in range(steps or 5000):
         if not any(e.has_unfinished() for e in engines):
             return
         for engine in engines:

@@ -32,6 +32,13 @@ class ChangeLog:
         self._added.pop(stream_id, None)  # added and ended within one batch: the table only learns it ended
         self._removed.append(stream_id)
 
+    def moved_out(self, stream_id: str) -> None:
+        """The stream went to another replica, unfinished: the table hears it from there (central.moved), and
+        it is not sent as ended from here."""
+        self.live.pop(stream_id, None)
+        self._added.pop(stream_id, None)
+        self._reports.pop(stream_id, None)
+
     def reported(self, report: Report) -> None:
         if report.stream_id not in self.live:
             return

@@ -120,6 +120,20 @@ class StreamTable:
         while len(self.finished) > self.settings.finished_memory:
             self.finished.popitem(last=False)
 
+    def move(self, stream_id: str, source: str, target: str) -> None:
+        """A stream migrated from source to target: reports queued for the source follow it."""
+        entry = self.streams.get(stream_id)
+        if stream_id in self.finished or (entry is not None and entry.replica_id != source):
+            return  # it ended, or the target's registration came first: nothing to redirect
+        self.replicas.add(target)
+        if entry is None:
+            self.streams[stream_id] = StreamEntry(target, None)
+            return
+        entry.replica_id = target
+        queued = self.pushes.get(source, {}).pop(stream_id, None)
+        if queued is not None:
+            self.pushes.setdefault(target, {})[stream_id] = queued
+
     def drop_replica(self, replica_id: str) -> int:
         """Forget a dead replica's entries and pending reports (not marked finished: if it was alive after all,
         its next batch finds the table without it and sends a full snapshot). Returns the entries dropped."""

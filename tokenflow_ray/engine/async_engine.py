@@ -138,13 +138,15 @@ class AsyncLLMEngine:
         """The move failed: continue the exported stream here; its open iterator gets its outputs again."""
         def back() -> None:
             if exported.stream_id in self._sinks:  # else its reader is gone: nothing to continue for
-                self.engine.import_stream(exported)
+                # Same clock: no shift (elapsed is exactly the time since the export).
+                self.engine.import_stream(exported, self.engine.clock.now() - exported.exported_at, moved=False)
 
         await self.call(back)
 
-    async def adopt(self, exported: ExportedStream, elapsed_s: float = 0.0) -> AsyncIterator[StreamOutput]:
+    async def adopt(self, exported: ExportedStream, elapsed_s: float = 0.0,
+                    on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput]:
         """Continue a stream another engine exported; yields its outputs from here on, like `generate`."""
-        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s)):
+        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s), on_added):
             yield out
 
     def _poll_exports(self) -> None:

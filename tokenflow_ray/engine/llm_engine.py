@@ -234,10 +234,11 @@ class LLMEngine:
             reader=stream.reader, record=stream.record, arrival_time=stream.arrival_time,
             last_preempted_at=stream.last_preempted_at, exported_at=self.clock.now())
 
-    def import_stream(self, exported: ExportedStream, elapsed_s: float = 0.0) -> str:
+    def import_stream(self, exported: ExportedStream, elapsed_s: float = 0.0, moved: bool = True) -> str:
         """Continue a stream another engine exported, paused here; `elapsed_s`: how long ago it was exported
         (the reader kept reading meanwhile). Its KV goes to this engine's host store when there is room (then it
-        resumes by load), else it recomputes. Raises ValueError if the stream does not fit this engine."""
+        resumes by load), else it recomputes. Raises ValueError if the stream does not fit this engine.
+        `moved`: counts as a migration in its record (False: a failed move taken back by its own engine)."""
         sid = exported.stream_id
         if sid in self._future:
             raise ValueError(f"stream id {sid!r} is already live")
@@ -257,7 +258,8 @@ class LLMEngine:
         exported.reader.shifted(shift)
         exported.record.shifted(shift)
         stream.reader, stream.record = exported.reader, exported.record
-        stream.record.record_migration()
+        if moved:
+            stream.record.record_migration()
         same_layout = exported.block_size == self.pool.block_size
         host_ids = self.scheduler.adopt(stream, exported.num_kv_tokens if same_layout else 0)
         try:

@@ -48,7 +48,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
                               torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
                               routing_stats_interval_s=config.routing_stats_period_s,
                               stream_limit=direct_stream_limit(adm, config.replicas) if direct else 0,
-                              retry_after_s=config.retry_after_s,
+                              retry_after_s=config.retry_after_s, migration=config.migration_enabled,
                               **({} if config.autoscaling is None
                                  else {"critical_buffer_s": config.autoscaling.critical_buffer_s}))
     if direct:

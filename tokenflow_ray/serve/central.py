@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import ray
 
+from tokenflow_ray.cluster.migration_policy import choose_target
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings
-from tokenflow_ray.serve.messages import Report
+from tokenflow_ray.serve.messages import MoveOrder, Report
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,12 @@ class CentralScheduler:
         self._wake: dict[str, asyncio.Event] = {}  # a replica's long-poll: reports are queued for it
         self._taken: dict[str, asyncio.Event] = {}  # set when a replica takes the reports queued for it so far
         self._sweeper: asyncio.Task | None = None
-        self.counts = {"batches": 0, "full_snapshots": 0, "reports_pushed": 0, "pushes": 0}
+        self.counts = {"batches": 0, "full_snapshots": 0, "reports_pushed": 0, "pushes": 0, "migrations": 0,
+                       "migrations_failed": 0}
+        self.ports: dict[str, object] = {}  # replica id -> its StreamPort (replicas that take migrated streams)
+        self._orders: dict[str, list[MoveOrder]] = {}  # moves a replica is to make, taken with its next poll
+        self._move_waiters: dict[str, asyncio.Future] = {}
+        self.moves: deque[dict] = deque(maxlen=1024)  # the latest moves: reason, timing (metrics, bench)
 
     def _heard_from(self, replica_id: str) -> None:
         self.heard[replica_id] = time.monotonic()
@@ -94,12 +101,12 @@ class CentralScheduler:
                 self._arrived(sid)  # a report waiting on it answers "finished" now, not after the grace
         return need_full
 
-    async def wait_reports(self, replica_id: str, stats: dict | None = None) -> list[Report]:
-        """The replica's long-poll: the reports queued for it, after at most poll_s."""
+    async def wait_reports(self, replica_id: str, stats: dict | None = None) -> list[Report | MoveOrder]:
+        """The replica's long-poll: the reports (and move orders) queued for it, after at most poll_s."""
         self._heard_from(replica_id)
         if stats is not None:
             self.replica_stats[replica_id] = (time.time(), stats)
-        if not self.table.has_pushes(replica_id):
+        if not self.table.has_pushes(replica_id) and not self._orders.get(replica_id):
             event = self._wake.setdefault(replica_id, asyncio.Event())
             event.clear()
             try:
@@ -108,7 +115,8 @@ class CentralScheduler:
                 return []
             # Gather whatever else arrives for this replica within the push interval: one batch, not one each.
             await asyncio.sleep(self.settings.push_interval_s)
-        reports = self.table.take_pushes(replica_id)
+        reports: list = self.table.take_pushes(replica_id)
+        reports.extend(self._orders.pop(replica_id, ()))
         taken = self._taken.pop(replica_id, None)
         if taken is not None:
             taken.set()
@@ -120,17 +128,9 @@ class CentralScheduler:
     # ---- reports that did not reach their owner -----------------------------------------------------------------
     async def report(self, report: Report) -> bool:
         """Queue a client's report for the owning replica; False if the stream is unknown or finished."""
+        if self.table.owner(report.stream_id) is None:
+            await self._await_registration(report.stream_id)
         owner = self.table.report(report, time.time())
-        if owner is None and not self.table.is_finished(report.stream_id) and self.settings.register_grace_s > 0:
-            # Not registered yet (registration is batched, so a report right after the first token can get here
-            # first), or never existed: wait for it, bounded.
-            event = self._arrivals.setdefault(report.stream_id, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), self.settings.register_grace_s)
-            except asyncio.TimeoutError:
-                if self._arrivals.get(report.stream_id) is event:
-                    del self._arrivals[report.stream_id]
-            owner = self.table.report(report, time.time())
         if owner is None:
             return False
         wake = self._wake.get(owner)
@@ -143,14 +143,81 @@ class CentralScheduler:
             pass
         return True
 
+    async def _await_registration(self, stream_id: str) -> None:
+        """Registration is batched, so a report (or a move) right after the first token can get here first; or
+        the id never existed: wait for it, bounded by register_grace_s."""
+        if self.table.is_finished(stream_id) or self.settings.register_grace_s <= 0:
+            return
+        event = self._arrivals.setdefault(stream_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), self.settings.register_grace_s)
+        except asyncio.TimeoutError:
+            if self._arrivals.get(stream_id) is event:
+                del self._arrivals[stream_id]
+
     async def deregister(self, stream_id: str) -> None:
         """A stream that ended where its replica could not say so (the ingress saw the replica die)."""
         self.table.finish(stream_id)
         self._arrived(stream_id)
 
+    # ---- migration ----------------------------------------------------------------------------------------------
+    async def register_port(self, replica_id: str, port: object) -> None:
+        """The replica takes migrated streams through this StreamPort."""
+        self.ports[replica_id] = port
+        self._heard_from(replica_id)
+
+    async def migrate(self, stream_id: str, target: str | None = None, reason: str = "requested",
+                      timeout_s: float = 30.0) -> dict:
+        """Move a live stream to `target` (None: the replica with a port and the least declared rate) and answer
+        when its owner says how it went: {moved, source, target, reason, export_s, handoff_s} or {moved: False,
+        why}. The owner pauses the stream, exports it between steps and hands it over; the client's response
+        stays where it is and relays the rest."""
+        if self.table.owner(stream_id) is None:
+            await self._await_registration(stream_id)
+        source = self.table.owner(stream_id)
+        if source is None:
+            return {"moved": False, "why": "unknown or finished stream"}
+        target = target or choose_target(self.table.summary(self.ports), source, set(self.ports))
+        if target is None or target not in self.ports or target == source:
+            return {"moved": False, "why": f"no target replica to move to (ports: {sorted(self.ports)})"}
+        if stream_id in self._move_waiters:
+            return {"moved": False, "why": "a move of this stream is already under way"}
+        future = asyncio.get_running_loop().create_future()
+        self._move_waiters[stream_id] = future
+        self._orders.setdefault(source, []).append(MoveOrder(stream_id, target, self.ports[target], reason))
+        wake = self._wake.get(source)
+        if wake is not None:
+            wake.set()
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            return {"moved": False, "why": f"the owner did not answer within {timeout_s} s"}
+        finally:
+            self._move_waiters.pop(stream_id, None)
+
+    async def move_result(self, stream_id: str, result: dict) -> None:
+        """The source replica's answer to a MoveOrder (also for moves it decided itself, e.g. a drain)."""
+        if result.get("moved"):
+            self.table.move(stream_id, result["source"], result["target"])
+            self.counts["migrations"] += 1
+        else:
+            self.counts["migrations_failed"] += 1
+        self.moves.append({"stream_id": stream_id, "t": time.time(), **result})
+        future = self._move_waiters.get(stream_id)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    async def port_count(self) -> int:
+        return len(self.ports)
+
+    async def recent_moves(self) -> list[dict]:
+        return list(self.moves)
+
     # ---- dead replicas ------------------------------------------------------------------------------------------
     async def drop_replica(self, replica_id: str) -> int:
         """Forget a (dead) replica: its stream entries, pending reports and stats. Returns the entries dropped."""
+        self.ports.pop(replica_id, None)
+        self._orders.pop(replica_id, None)
         self.replica_stats.pop(replica_id, None)
         self.heard.pop(replica_id, None)
         self._wake.pop(replica_id, None)

@@ -92,6 +92,9 @@ class ServeConfig:
     # fixed; a mapping (min_replicas, max_replicas, delays, metrics_interval_s, ... in YAML) becomes
     # AutoscalingSettings, and `replicas` is the initial count within [min_replicas, max_replicas].
     autoscaling: AutoscalingSettings | None = None
+    # Live migration of paused streams between replicas (serve/stream_port.py): each replica keeps a port for
+    # it. None: on when more than one replica can exist (replicas > 1, or autoscaling).
+    migration: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.policy:
@@ -140,6 +143,12 @@ class ServeConfig:
                  f"tokenizer_dir: {self.tokenizer_dir} is not a saved tokenizer (no config.json)")
         _require(self.tokenizer_dir is None or bool(self.images), "tokenizer_dir: needs images on")
         self.engine_config()  # engine-level validation now, not in a replica
+
+    @property
+    def migration_enabled(self) -> bool:
+        if self.migration is not None:
+            return bool(self.migration)
+        return self.replicas > 1 or (self.autoscaling is not None and self.autoscaling.max_replicas > 1)
 
     def admission(self) -> Admission:
         return admission(max_num_seqs=self.max_num_seqs, num_device_blocks=self.num_device_blocks,

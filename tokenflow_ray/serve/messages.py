@@ -34,3 +34,13 @@ class Report:
     consumed_tokens: int | None = None
     rate: float | None = None
     paused: bool | None = None
+
+
+@dataclass(frozen=True)
+class MoveOrder:
+    """The central actor asks a replica to move one of its streams to another replica (migration)."""
+
+    stream_id: str
+    target_replica_id: str
+    target_port: object  # the target's StreamPort actor handle
+    reason: str = "requested"

@@ -25,12 +25,12 @@ from ray import serve
 from tokenflow_ray.cluster.autoscaling import CRITICAL_BUFFER_S, ReplicaLoad, count_buffer_critical
 from tokenflow_ray.cluster.change_log import ChangeLog
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
-from tokenflow_ray.engine.async_engine import AsyncLLMEngine
+from tokenflow_ray.engine.async_engine import AsyncLLMEngine, StreamMoved
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.ingress import queue_full
-from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
+from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, Report
 from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class ReplicaSettings:
     # placement bounds them with Serve's max_ongoing/max_queued_requests instead).
     stream_limit: int = 0
     retry_after_s: float = 1.0
+    migration: bool = False  # keep a StreamPort: streams can be moved here (and this replica's moved away)
     critical_buffer_s: float = CRITICAL_BUFFER_S  # record_autoscaling_stats: readers under this are critical
 
 
@@ -76,7 +77,13 @@ class LLMServer:
         self.changes = ChangeLog()  # live streams, and what the central table has yet to hear
         self._active = 0  # streams being generated (the unpaced grouping budget is shared among them)
         self._routing_stats: dict = {}  # the latest ReplicaStats.to_dict(); {} until the first refresh
+        self._relayed: dict[str, object] = {}  # streams that moved away -> their new replica's port
+        self._adopted: dict[str, asyncio.Task] = {}  # streams moved here -> the task feeding their source
+        self._tasks: set[asyncio.Task] = set()
+        self.port = None
         loop = asyncio.get_running_loop()
+        if settings.migration:
+            self._spawn(self._start_port())  # in the background: serving does not wait for it
         self._poll = loop.create_task(self._poll_loop())
         self._sync = loop.create_task(self._sync_loop())
         self._routing_refresh = loop.create_task(self._routing_stats_loop())
@@ -90,26 +97,63 @@ class LLMServer:
             # report that beats the batch there waits for it (CentralScheduler.register_grace_s).
             self.changes.add(sid, req.rate)
 
-        grouper = DeltaGrouper(self.settings.grouping,
-                               self.engine.config.default_rate if req.rate is None else req.rate)
+        outputs = self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id, on_added=on_added,
+                                        rate=req.rate)
+        async for delta in self._deltas(outputs, req.stream_id,
+                                        self.engine.config.default_rate if req.rate is None else req.rate):
+            yield delta
+
+    async def _deltas(self, outputs: AsyncIterator, stream_id: str, rate: float) -> AsyncIterator[Delta]:
+        """The engine's outputs of one stream grouped into deltas (grouping.py). If the stream moves to another
+        replica, the rest comes from there through its port (migration), in order, as if it had stayed."""
+        grouper = DeltaGrouper(self.settings.grouping, rate)
         text: list[str] = []
         n_new = 0
+        last = None
         self._active += 1
+        active = True
         try:
-            async for out in self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id,
-                                                   on_added=on_added, rate=req.rate):
-                text.append(out.text)
-                n_new += len(out.token_ids)
-                now = time.monotonic()
-                if grouper.due(now, out.finished, self._active):
-                    yield Delta("".join(text), n_new, out.num_prompt_tokens, out.num_output_tokens,
-                                out.finished, out.finish_reason)
-                    grouper.sent_now(now, n_new)
-                    text.clear()
-                    n_new = 0
+            try:
+                async for out in outputs:
+                    last = out
+                    text.append(out.text)
+                    n_new += len(out.token_ids)
+                    now = time.monotonic()
+                    if grouper.due(now, out.finished, self._active):
+                        yield Delta("".join(text), n_new, out.num_prompt_tokens, out.num_output_tokens,
+                                    out.finished, out.finish_reason)
+                        grouper.sent_now(now, n_new)
+                        text.clear()
+                        n_new = 0
+            except StreamMoved as moved:
+                self._active -= 1
+                active = False
+                if n_new and last is not None:  # what this replica generated goes out before the relay
+                    yield Delta("".join(text), n_new, last.num_prompt_tokens, last.num_output_tokens)
+                async for delta in self._relay(stream_id, moved.where):
+                    yield delta
         finally:
-            self._active -= 1
-            self.changes.remove(req.stream_id)
+            if active:
+                self._active -= 1
+            self.changes.remove(stream_id)
+
+    async def _relay(self, stream_id: str, port) -> AsyncIterator[Delta]:
+        """The deltas of a stream that moved away, pulled from its new replica's port. The port dies with that
+        replica, so a lost replica fails the next pull and the client gets an error event."""
+        self._relayed[stream_id] = port
+        done = False
+        try:
+            while not done:
+                for delta in await port.take.remote(stream_id):
+                    yield delta
+                    done = delta.finished
+        finally:
+            self._relayed.pop(stream_id, None)
+            if not done:
+                try:
+                    port.cancel.remote(stream_id)  # the client left: the new replica aborts it
+                except Exception:  # noqa: BLE001 - that replica is gone too
+                    pass
 
     def _chat_prompt(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
         tok = self.engine.tokenizer
@@ -136,11 +180,115 @@ class LLMServer:
     async def _route_report(self, report: Report) -> bool:
         if report.stream_id in self.changes.live:
             return await self.apply_report(report)
+        port = self._relayed.get(report.stream_id)
+        if port is not None:  # it moved from here: straight to its new replica
+            port.report.remote(report)
+            return True
         # Not ours (another router sent it here, or the stream moved): the central actor knows the owner.
         return await report_with_retry(self.central, report, self.http.report_retry_s)
 
     def _stream_lost(self, stream_id: str) -> None:  # a live replica loses no stream
         pass
+
+    # ---- migration ------------------------------------------------------------------------------------------------
+    async def _migrate_out(self, order: MoveOrder) -> dict:
+        """Pause the stream, export it between steps, offer it to the target's port; once taken, the client's
+        response here relays the rest. A refused offer leaves the stream here, as it was."""
+        sid, t0 = order.stream_id, time.monotonic()
+        result = {"moved": False, "source": self.replica_id, "target": order.target_replica_id,
+                  "reason": order.reason}
+        try:
+            exported = await self.aengine.export(sid)
+            if exported is None:
+                result["why"] = "finished before it could move"
+            else:
+                result.update(export_s=time.monotonic() - t0, kv_tokens=exported.num_kv_tokens)
+                taken = False
+                try:
+                    taken = await order.target_port.offer.remote(sid, [ray.put(exported)], time.time())
+                except Exception:  # noqa: BLE001 - the target is gone: the stream stays here
+                    log.warning("offering %s to %s failed", sid, order.target_replica_id, exc_info=True)
+                if taken:
+                    self.changes.moved_out(sid)
+                    await self.aengine.handed_off(sid, order.target_port)
+                    result.update(moved=True, handoff_s=time.monotonic() - t0)
+                else:
+                    await self.aengine.take_back(exported)
+                    result["why"] = "the target did not take it"
+        except Exception as exc:  # noqa: BLE001 - reported to the central actor; the stream is unaffected
+            log.warning("moving %s failed", sid, exc_info=True)
+            result["why"] = f"{type(exc).__name__}: {exc}"
+        try:
+            await self.central.move_result.remote(sid, result)
+        except Exception:  # noqa: BLE001 - a restarting central actor rebuilds its table from the replicas
+            log.warning("could not tell the central actor about moving %s", sid, exc_info=True)
+        return result
+
+    async def _inbox_loop(self) -> None:
+        """Streams offered to this replica, cancellations of moved streams and reports for them (StreamPort)."""
+        while True:
+            try:
+                for message in await self.port.inbox.remote():
+                    kind, sid = message[0], getattr(message[1], "stream_id", message[1])
+                    if kind == "import":
+                        self._adopted[sid] = self._spawn(self._serve_adopted(sid, message[2][0], message[3]))
+                    elif kind == "cancel":
+                        task = self._adopted.get(sid)
+                        if task is not None:
+                            task.cancel()
+                    elif kind == "report":
+                        try:
+                            await self._route_report(message[1])
+                        except ValueError as exc:  # ahead of what was generated: the reader model refuses it
+                            log.debug("moved stream's report dropped: %s", exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the port is gone (this replica is going too) or a hiccup
+                log.warning("stream port poll failed", exc_info=True)
+                await asyncio.sleep(0.5)
+
+    async def _serve_adopted(self, stream_id: str, exported_ref, sent_at: float) -> None:
+        """Import a stream another replica moved here and feed its port with the deltas from now on."""
+        port, acked = self.port, False
+        try:
+            exported = await exported_ref
+
+            def on_added(sid: str) -> None:
+                nonlocal acked
+                acked = True
+                port.ack.remote(sid, True)
+                self.changes.add(sid, exported.rate)
+
+            outputs = self.aengine.adopt(exported, max(0.0, time.time() - sent_at), on_added=on_added)
+            async for delta in self._deltas(outputs, stream_id, exported.rate):
+                if not await port.put.remote(stream_id, [delta]):
+                    break  # nobody reads it any more: leaving the loop aborts it
+        except asyncio.CancelledError:
+            pass  # the source's client left
+        except Exception:  # noqa: BLE001 - refused (no room, another model) or failed: the source keeps it
+            log.warning("adopting %s failed", stream_id, exc_info=True)
+        finally:
+            self._adopted.pop(stream_id, None)
+            if not acked:
+                port.ack.remote(stream_id, False)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _start_port(self) -> None:
+        """This replica's StreamPort, on its node, registered with the central actor (again after a restart)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from tokenflow_ray.serve.stream_port import StreamPortActor
+
+        self.port = StreamPortActor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=True)).remote()
+        await self.port.stats.remote()  # started
+        await self.central.register_port.remote(self.replica_id, self.port)
+        self._inbox = self._spawn(self._inbox_loop())
 
     # ---- consumption reports and the central table -------------------------------------------------------------
     async def apply_report(self, report: Report) -> bool:
@@ -166,6 +314,11 @@ class LLMServer:
                 if time.monotonic() - last_stats >= self.settings.stats_interval_s:
                     stats, last_stats = await self._stats_snapshot(), time.monotonic()
                 reports = await self.central.wait_reports.remote(self.replica_id, stats)
+                for order in [r for r in reports if isinstance(r, MoveOrder)]:
+                    self._spawn(self._migrate_out(order))
+                reports = [r for r in reports if not isinstance(r, MoveOrder)]
+                for r in [r for r in reports if r.stream_id in self._relayed]:
+                    self._relayed[r.stream_id].report.remote(r)  # it moved on: forward it
                 if reports:
                     await self.aengine.call(lambda rs=reports: self._apply(rs))
                     for r in reports:
@@ -205,6 +358,8 @@ class LLMServer:
         try:
             if await self.central.update.remote(self.replica_id, changes):
                 self.changes.need_full()  # the table was emptied (a restart): the next batch rebuilds it
+                if self.port is not None:
+                    await self.central.register_port.remote(self.replica_id, self.port)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -327,5 +482,7 @@ class LLMServer:
             task = getattr(self, name, None)
             if task is not None:
                 task.cancel()
+        for task in list(getattr(self, "_tasks", ())):
+            task.cancel()
         if hasattr(self, "aengine"):
             self.aengine.shutdown(timeout=1.0)

@@ -31,7 +31,13 @@ from ray.serve._private.request_router import PendingRequest, RequestRouter, Run
 from tokenflow_ray.cluster.http_requests import HttpRequestInfo, classify
 from tokenflow_ray.cluster.inflight import InflightLedger
 from tokenflow_ray.cluster.replica_stats import ReplicaStats
-from tokenflow_ray.cluster.routing import NewStream, SlackRouterConfig, prompt_tokens_estimate, rank_replicas
+from tokenflow_ray.cluster.routing import (
+    NewStream,
+    SlackRouterConfig,
+    http_prompt_tokens,
+    prompt_tokens_estimate,
+    rank_replicas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +97,7 @@ class SlackRequestRouter(RequestRouter):
             if not http.new_stream:
                 return None
             rate = self.slack.default_rate if http.rate is None else http.rate
-            # The body is JSON around the prompt: its length bounds the prompt's from above.
-            return NewStream(rate, max(1, int(http.body_bytes / self.slack.bytes_per_token)))
+            return NewStream(rate, http_prompt_tokens(http.body_bytes, self.slack))
         if pending.metadata.call_method != STREAM_METHOD or not pending.args:
             return None
         req = pending.args[0]
@@ -111,7 +116,7 @@ class SlackRequestRouter(RequestRouter):
         new = stream or NewStream(self.slack.default_rate, 1)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         stats = {rid: self._stats(r) for rid, r in by_id.items()}
-        order = rank_replicas(stats, {rid: self.ledger.load(rid) for rid in by_id}, new, self.slack)
+        order = rank_replicas(stats, {rid: self.ledger.load(rid) for rid in by_id}, new, self.slack, now)
         full = {rid for rid, r in by_id.items()
                 if (q := self.replica_queue_len_cache.get(r.replica_id)) is not None and q >= r.max_ongoing_requests}
         order = [rid for rid in order if rid not in full] + [rid for rid in order if rid in full]
