@@ -55,7 +55,9 @@ def test_without_a_queue_the_same_pause_comes_back_by_reload():
 
 
 def test_the_scheduler_recomputes_behind_a_long_queue():
-    """End to end: a stream resumed while big loads are queued comes back by recompute, not by a load."""
+    """End to end: a stream resumed while big loads are queued, with nothing left in its reader's buffer to hide
+    the wait, comes back by recompute, not by a load (with a buffer that covers it, it loads:
+    test_resume_buffer.py)."""
     engine, runner = make_fake_engine(num_blocks=256, block_size=4, num_host_blocks=512, policy="tokenflow",
                                       max_num_batched_tokens=64)
     sched = engine.scheduler
@@ -64,6 +66,8 @@ def test_the_scheduler_recomputes_behind_a_long_queue():
     for s in bigs:
         assert sched.kv.start_load(s)
         s.status = StreamStatus.LOADING
+    engine.clock.advance(60.0)  # the small stream's reader has read all it was sent
+    assert small.buffer_s(engine.clock.now()) == 0.0
     before = small.num_recomputed_tokens
     plans = step_engine(engine, 1, tokens)
     assert small.status == StreamStatus.RUNNING and small.num_recomputed_tokens > before

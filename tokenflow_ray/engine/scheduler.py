@@ -321,7 +321,7 @@ class Scheduler:
             if is_new and working >= limit:
                 continue  # the working set is full: new streams wait, resumes still go ahead
             if stream.status == StreamStatus.PREEMPTED:
-                if self._resume_by_load(stream):
+                if self._resume_by_load(stream, view):
                     if not self.kv.start_load(stream):
                         break  # no memory: keep rank order
                     stream.status = StreamStatus.LOADING
@@ -354,16 +354,20 @@ class Scheduler:
             self._announced.add(stream.stream_id)
             new_streams.append((stream.stream_id, stream.sampling))
 
-    def _resume_by_load(self, stream: Stream) -> bool:
-        """Reload unless recomputing is cheaper than the I/O, with the copies queued ahead of it now: tails being
-        evicted this step and loads still waiting (paper §4.2.3, t_IO against t_recompute)."""
+    def _resume_by_load(self, stream: Stream, view: SchedulerView | None = None) -> bool:
+        """Reload or recompute, with the copies queued ahead of it now: tails being evicted this step and loads
+        still waiting (paper §4.2.3, t_IO against t_recompute). The policy weighs the two (`resume_by_load`);
+        without a view, the paper's rule: the sooner."""
         if stream.num_host_tokens == 0 or self.cache.resume_mode == "recompute":
             return False
         if self.cache.resume_mode == "load":
             return True
         t_io = self.cost.t_io(load_blocks=self.pool.blocks_for_tokens(stream.num_host_tokens),
                               evict_blocks=self.kv.planned_evict_blocks, queued_blocks=self.kv.queued_load_blocks)
-        return t_io <= self.cost.t_recompute(stream.num_host_tokens)
+        t_recompute = self.cost.t_recompute(stream.num_host_tokens)
+        if view is None:
+            return t_io <= t_recompute
+        return self.policy.resume_by_load(stream, t_io, t_recompute, view)
 
     def update(self, plan: StepPlan, result: StepResult, now: float, step_s: float = 0.0) -> list[tuple[Stream, int]]:
         """Apply a finished step: loads land, tails free, computed counts advance, sampled tokens append.

@@ -71,6 +71,11 @@ class SchedulingPolicy(ABC):
         """Optional local search over the greedy device set."""
         return chosen
 
+    def resume_by_load(self, stream: Stream, t_io: float, t_recompute: float, view: SchedulerView) -> bool:
+        """Whether a paused stream with a host copy comes back by loading it (else by recompute), given the
+        queue-aware reload time and the recompute time (paper §4.2.3: the sooner of the two)."""
+        return t_io <= t_recompute
+
     def on_preempt(self, stream: Stream, view: SchedulerView) -> None:  # noqa: B027 - optional hook
         """Bookkeeping hook (preemption caps)."""
 

@@ -21,6 +21,8 @@ The greedy device set takes streams in that order while they fit; an adjacent-sw
 a smaller neighbour when that lets one more stream fit without displacing a buffer-critical one. A running
 stream outside the set is paused only if its buffer covers the switch: b ≥ μ·(τ_evict + τ_load + τ_schedule).
 The set is re-chosen every Δt, and only under stress (a stream waits, or some buffer is below T_critical).
+A paused stream comes back by reloading its host copy whenever its reader's buffer covers the reload, else by
+whichever of reload and recompute is sooner (`resume_by_load`, a departure from §4.2.3 explained there).
 
 [extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
 (paper §7.1.3: weight 0 once the buffer passes 20% of the length). D is when a work-conserving engine at its realized
@@ -158,6 +160,18 @@ class TokenFlowPolicy(SchedulingPolicy):
         evict = cost.t_copy(max(1, view.blocks(s.num_computed_tokens) - s.num_host_tokens // view.block_size))
         load = min(cost.t_copy(view.blocks(s.num_tokens)), cost.t_recompute(s.num_tokens))
         return evict + load + self.config.delta_t
+
+    def resume_by_load(self, stream: Stream, t_io: float, t_recompute: float, view: SchedulerView) -> bool:
+        """Reload whenever the reader's buffer covers the reload; otherwise the sooner of the two (paper §4.2.3).
+
+        [departure] The paper recomputes whenever t_IO > t_recompute. But a recompute spends the device's compute,
+        which every running stream's next token waits on, while a reload spends only the copy link beside it; and
+        the queue-aware t_IO is long exactly when a rebalance has just paused and resumed many streams at once.
+        With the paper's rule the H200 profile (docs/sim/README.md) recomputed 14x its setup's output and ran at
+        0.33-0.40x fcfs's raw throughput; a reload the buffer hides costs the reader nothing."""
+        if stream.rate > 0 and t_io <= stream.buffer_s(view.now):
+            return True
+        return t_io <= t_recompute
 
     def may_preempt(self, stream: Stream, view: SchedulerView) -> bool:
         if stream.rate == 0:
