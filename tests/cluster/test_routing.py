@@ -12,6 +12,8 @@ from tokenflow_ray.cluster.replica_stats import ReplicaStats
 from tokenflow_ray.cluster.routing import (
     NewStream,
     SlackRouterConfig,
+    http_prompt_tokens,
+    prefill_queue,
     prompt_tokens_estimate,
     rank_replicas,
     score_replica,
@@ -57,7 +59,7 @@ def test_a_replica_whose_memory_is_full_is_avoided_even_with_a_shorter_queue():
     assert score_replica("a", claimed, InflightLoad(), NEW, CFG).free_blocks == 1
     assert rank({"a": claimed, "b": queued}) == ["b", "a"]
     booked = stats(device_blocks_free=6)
-    assert rank({"a": booked, "b": queued}, {"a": InflightLoad(1, 0.0, (70,))}) == ["b", "a"]  # 5 blocks booked
+    assert rank({"a": booked, "b": queued}, {"a": InflightLoad(1, 0.0, ((0.0, 70),))}) == ["b", "a"]  # 5 blocks booked
 
 
 def test_memory_penalty_knob():
@@ -91,23 +93,100 @@ def test_a_replica_whose_readers_would_stall_loses_to_a_slower_start_elsewhere()
 def test_utilisation_weight_knob_trades_a_little_ttft_for_headroom():
     hot = stats(sum_rate=480.0, num_running=30, num_live=30)  # starts it at once, Γ nearly used
     cool = stats(num_waiting=3, num_live=3, queued_prefill_s=0.06, waiting_prompt_blocks=6)  # 3 prefills ahead
-    assert rank({"a": hot, "b": cool}) == ["b", "a"]
-    assert rank({"a": hot, "b": cool}, cfg=SlackRouterConfig(utilisation_weight_s=0.0)) == ["a", "b"]
+    # At the default weight the two are within the tolerance and the replica that starts it at once wins; priced
+    # higher, a nearly used Γ costs more than three prefills.
+    assert rank({"a": hot, "b": cool}) == ["a", "b"]
+    assert rank({"a": hot, "b": cool}, cfg=SlackRouterConfig(utilisation_weight_s=0.5)) == ["b", "a"]
 
 
-def test_scores_within_the_tolerance_tie_and_headroom_decides():
+def test_within_the_tolerance_fewer_prefills_ahead_win_then_lower_demand():
     quick_hot = stats(sum_rate=300.0, num_running=10, num_live=10)
     slower_cool = stats(num_waiting=1, num_live=1, queued_prefill_s=0.03, waiting_prompt_blocks=2)
-    # 30 ms apart: within the default 50 ms, so the replica with 300 tok/s more headroom wins despite its queue
-    # (utilisation priced at 0, to see the tolerance alone).
+    # 30 ms apart, within the default 50 ms: a cost-model difference that small is noise, a stream queued ahead
+    # is not, so the replica that starts it at once wins despite 300 tok/s more demand.
     no_util = SlackRouterConfig(utilisation_weight_s=0.0)
-    assert rank({"a": quick_hot, "b": slower_cool}, cfg=no_util) == ["b", "a"]
+    assert score_replica("b", slower_cool, InflightLoad(), NEW, no_util).ahead == 1
+    assert rank({"a": quick_hot, "b": slower_cool}, cfg=no_util) == ["a", "b"]
+    # The same queue on both: the lower demand wins, though its estimate is 30 ms slower.
+    cool = stats(num_waiting=1, num_live=1, queued_prefill_s=0.03, waiting_prompt_blocks=2, waiting_rate=10.0)
+    hot = stats(num_waiting=1, num_live=11, num_running=10, queued_prefill_s=0.001, waiting_prompt_blocks=2,
+                sum_rate=300.0)
+    assert rank({"a": hot, "b": cool}, cfg=no_util) == ["b", "a"]
     exact = SlackRouterConfig(utilisation_weight_s=0.0, ttft_tolerance_s=0.0)
-    assert rank({"a": quick_hot, "b": slower_cool}, cfg=exact) == ["a", "b"]
+    assert rank({"a": hot, "b": cool}, cfg=exact) == ["a", "b"]
     # Tiers are cut from the best remaining score: three replicas 40 ms apart form two tiers, not one chain.
     chain = {"a": stats(queued_prefill_s=0.0, sum_rate=300.0), "b": stats(queued_prefill_s=0.04, sum_rate=200.0),
              "c": stats(queued_prefill_s=0.08)}
     assert rank(chain, cfg=no_util) == ["b", "a", "c"]
+
+
+def test_the_stats_queue_drains_with_time_and_bookings_count_ahead_while_starting():
+    """Stats are read 0.3-1.5 s old: what they showed waiting has partly started by now, and a booking counts as
+    a stream ahead only while it may still be starting (`starting_s`)."""
+    s = stats(computed_at=100.0, num_waiting=2, num_live=2, queued_prefill_s=0.04, waiting_prompt_blocks=4)
+    assert prefill_queue(s, 100.0) == (pytest.approx(0.04), 2)
+    assert prefill_queue(s, 100.03) == (pytest.approx(0.01), 1)  # one of the two is still ahead
+    assert prefill_queue(s, 101.0) == (0.0, 0)
+    assert prefill_queue(s, 99.0) == (pytest.approx(0.04), 2)  # a clock behind the replica's: nothing drained
+    booked = InflightLoad(2, 20.0, ((100.95, 32), (101.0, 32)))
+    assert score_replica("a", s, booked, NEW, CFG, now=101.02).ahead == 2
+    assert score_replica("a", s, booked, NEW, CFG, now=101.06).ahead == 1  # the first has started by now
+    assert score_replica("a", s, booked, NEW, CFG, now=102.0).ahead == 0
+    assert score_replica("a", s, booked, NEW, CFG).ahead == 2 + 2  # no clock: everything counts
+    # Drained work no longer delays the newcomer: the same estimate as an idle replica's.
+    assert score_replica("a", s, InflightLoad(), NEW, CFG, now=101.0).ttft_s == \
+        pytest.approx(score_replica("b", stats(), InflightLoad(), NEW, CFG).ttft_s)
+
+
+def test_a_stale_replica_is_not_shunned_for_bookings_a_fresh_one_has_absorbed():
+    """Seen through Serve's proxy: one replica's stats had just been refreshed (its bookings absorbed, its queue
+    nearly empty), its twin's were 1.2 s old with 17 bookings since, priced with an idle replica's prior costs,
+    and the next 7 streams all went to the fresh one. Bookings older than `starting_s` have started: the two
+    are equal, and the stream counts ahead (none) and then demand decide."""
+    fresh = stats(computed_at=101.0, admitted_total=17, num_running=17, num_live=17, sum_rate=500.0,
+                  prefill_fixed_s=0.003, prefill_s_per_token=0.0002, device_blocks_free=120)
+    stale = stats(computed_at=99.8, prefill_fixed_s=0.02, prefill_s_per_token=0.0005)
+    booked = InflightLoad(17, 510.0, tuple((99.9 + 0.05 * i, 130) for i in range(17)), 100.7)
+    ledger_free = stale.device_blocks_free - 17 * stale.blocks_for(130)
+    assert ledger_free > 0  # memory fits on both: only the queue estimate differs
+    now = 101.02
+    order = rank_replicas({"fresh": fresh, "stale": stale}, {"stale": booked}, NEW, CFG, now)
+    assert order == ["fresh", "stale"]  # neither has a stream still starting; the fresh one 10 tok/s less demand...
+    picks = []
+    loads = {"fresh": InflightLoad(), "stale": booked}
+    for i in range(8):  # ... and then they take turns: a burst of 8 a few ms apart lands 4/4
+        t = now + 0.004 * i
+        rid = rank_replicas({"fresh": fresh, "stale": stale}, loads, NewStream(10.0, 40), CFG, t)[0]
+        old = loads[rid]
+        loads[rid] = InflightLoad(old.count + 1, old.rate + 10.0, (*old.pending, (t, 40)), t)
+        picks.append(rid)
+    assert Counter(picks) == {"fresh": 4, "stale": 4}, picks
+
+
+def test_a_cluster_of_arrivals_alternates_even_when_demand_differs():
+    """Arrivals a few ms apart each start behind those booked just before them on the same replica: the one with
+    fewer still starting takes the next, even if its demand is higher (demand decides between equal queues)."""
+    light = stats(sum_rate=100.0, num_running=10, num_live=10)
+    heavy = stats(sum_rate=300.0, num_running=10, num_live=10)
+    loads = {"light": InflightLoad(), "heavy": InflightLoad()}
+    picks = []
+    for i in range(6):
+        t = 100.0 + 0.01 * i
+        rid = rank_replicas({"light": light, "heavy": heavy}, loads, NEW, CFG, t)[0]
+        old = loads[rid]
+        loads[rid] = InflightLoad(old.count + 1, old.rate + NEW.rate, (*old.pending, (t, 32)), t)
+        picks.append(rid)
+    assert picks == ["light", "heavy"] * 3
+    # Spread out (each started before the next arrives), the lower demand takes them all.
+    loads = {"light": InflightLoad(), "heavy": InflightLoad()}
+    picks = []
+    for i in range(3):
+        t = 100.0 + 0.5 * i
+        rid = rank_replicas({"light": light, "heavy": heavy}, loads, NEW, CFG, t)[0]
+        old = loads[rid]
+        loads[rid] = InflightLoad(old.count + 1, old.rate + NEW.rate, (*old.pending, (t, 32)), t)
+        picks.append(rid)
+    assert picks == ["light"] * 3
 
 
 def test_ties_are_broken_deterministically_by_headroom_blocks_then_id():
@@ -183,11 +262,15 @@ def test_prompt_estimates_and_their_knob():
     assert prompt_tokens_estimate("a" * 40, None, SlackRouterConfig(bytes_per_token=4.0)) == 10
     assert prompt_tokens_estimate(None, (("user", "abcd"), ("system", "ef")), CFG) == len("userabcdsystemef")
     assert prompt_tokens_estimate("", None, CFG) == 1
+    # Over HTTP only the body's size is known: the JSON around the prompt is not prompt.
+    assert http_prompt_tokens(128 + 40, CFG) == 40
+    assert http_prompt_tokens(60, CFG) == 1
+    assert http_prompt_tokens(200 + 80, SlackRouterConfig(http_envelope_bytes=200, bytes_per_token=4.0)) == 20
 
 
 def test_config_and_stats_are_validated():
     for bad in ({"overload_horizon_s": -1}, {"inflight_ttl_s": 0}, {"bytes_per_token": float("inf")},
-                {"default_rate": -0.5}):
+                {"default_rate": -0.5}, {"http_envelope_bytes": -1}, {"http_envelope_bytes": 1.5}):
         with pytest.raises(ValueError):
             SlackRouterConfig(**bad)
     with pytest.raises(ValueError, match="num_live"):

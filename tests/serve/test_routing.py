@@ -1,6 +1,6 @@
-"""Over real Serve: replicas publish ReplicaStats through record_routing_stats, and the slack router spreads a
-burst of paced streams evenly over two replicas (its in-flight bookings, not the polled stats, do it: the burst
-lands within one stats period)."""
+"""Over real Serve, in the default (direct) placement: replicas publish ReplicaStats through record_routing_stats,
+and the slack router in Serve's proxy, reading each HTTP request's headers, spreads a burst of paced streams evenly
+over two replicas (its in-flight bookings, not the polled stats, do it: the burst lands within one stats period)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,8 @@ def route_app(serve_url):
     # Half a CPU each so both fit beside the session's other apps; a pool that holds the whole burst.
     config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=REPLICAS, router="slack", policy="fcfs",
                          num_cpus=0.5, max_num_seqs=8, num_device_blocks=128, num_host_blocks=64,
-                         expected_stream_tokens=128, images=False,
-                         # The spread is checked through the ingress's handle; through the proxy (direct placement)
-                         # one burst of 8 landed 2/6 once in CI (open: see the README's routing paragraph).
-                         http="ingress")
+                         expected_stream_tokens=128, images=False)
+    assert config.http == "direct"  # the default placement: Serve's proxy runs the router, as users run it
     try:
         deploy(config)
         yield f"{serve_url}/{APP}", config
@@ -81,7 +79,7 @@ def test_bursts_of_paced_streams_are_spread_evenly_and_complete(route_app):
 
     base, config = route_app
     central = central_actor(config)
-    # Both replicas up and heard from (the ingress's router gets their stats too), then warm.
+    # Both replicas up and heard from (the proxy's router gets their stats too), then warm.
     _wait(lambda: len(ray.get(central.stats.remote())) == REPLICAS, 90, "both replicas' stats")
     asyncio.run(run_load(base, [StreamSpec(f"warm {i}", max_tokens=2) for i in range(WARM)], timeout_s=60))
 
@@ -99,6 +97,7 @@ def test_bursts_of_paced_streams_are_spread_evenly_and_complete(route_app):
     # and 6/2; this one 4/4 all 8 times.
     splits = [_one_burst(base, central, k) for k in range(BURSTS)]
     even = BURST / REPLICAS
+    print("bursts per replica:", splits)
     assert all(0.75 * even <= n <= 1.25 * even for split in splits for n in split.values()), splits
 
 

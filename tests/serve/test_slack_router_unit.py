@@ -7,6 +7,7 @@ are not streams are never booked.
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -165,3 +166,35 @@ def test_the_router_switch_is_validated_and_wired_into_the_deployment():
         parser.parse_args(["serve", "--router", "nope"])
     bench = parser.parse_args(["bench", "routing", "--streams", "8", "--rounds", "3", "--json", "x.json"])
     assert (bench.streams, bench.rounds, bench.routers) == (8, 3, ("slack", "default"))
+
+
+@dataclass
+class _ProxyRequest:  # the shape the router reads of the proxy's pickled StreamingHTTPRequest
+    asgi_scope: dict
+
+
+def _http_pending(i: int, body_bytes: int, rate: str | None = "8.0") -> PendingRequest:
+    from ray.serve._private.common import RequestProtocol
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(body_bytes).encode())]
+    if rate is not None:
+        headers.append((b"x-consumption-rate", rate.encode()))
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers}
+    meta = RequestMetadata(f"req{i}", f"int{i}", _request_protocol=RequestProtocol.HTTP)
+    return PendingRequest(args=[pickle.dumps(_ProxyRequest(scope))], kwargs={}, metadata=meta)
+
+
+async def test_http_streams_through_the_proxy_are_read_from_headers_and_a_burst_alternates():
+    """The direct placement: the proxy's router sees headers only. The prompt estimate leaves out the JSON
+    around the prompt, and a burst of 8 arriving at once lands 4/4 on replicas whose stats (and learned costs)
+    differ, as in test_routing.py's burst through the proxy."""
+    router = _router()
+    new = router._new_stream(_http_pending(0, 128 + 40), router._http_request(_http_pending(0, 128 + 40)))
+    assert (new.rate, new.prompt_tokens) == (8.0, 40)
+    replicas = [FakeReplica(ReplicaID("r0", DEP), stats(prefill_fixed_s=0.02, prefill_s_per_token=0.0005,
+                                                        capacity_tok_s=675.0).to_dict()),
+                FakeReplica(ReplicaID("r1", DEP), stats(prefill_fixed_s=0.005, prefill_s_per_token=0.0002,
+                                                        capacity_tok_s=1738.0).to_dict())]
+    picks = Counter([await _route(router, replicas, _http_pending(i, 230)) for i in range(8)])
+    assert picks == {"r0": 4, "r1": 4}
+    assert len(router.ledger) == 8

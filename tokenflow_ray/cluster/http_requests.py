@@ -4,7 +4,7 @@ In the direct placement Serve's proxy hands the router only the ASGI scope (path
 later through the proxy), so:
 - a new stream's declared rate comes from the optional `X-Consumption-Rate` header (the body's
   `consumption_rate` is not visible yet; without the header the server's default rate is assumed), and its prompt
-  length is estimated from `Content-Length`;
+  length is estimated from `Content-Length`, less the JSON around it (routing.http_prompt_tokens);
 - a consumption report's stream id is in its path, and the id ends with its owning replica's id
   (LLMServer._new_stream_id), so the report is sent to the replica that applies it.
 

@@ -44,8 +44,14 @@ class InflightLoad:
 
     count: int = 0
     rate: float = 0.0
-    prompt_tokens: tuple[int, ...] = ()  # of pending streams: their prompts still need blocks and a prefill
+    # Pending streams as (booked_at, prompt_tokens), oldest first: their prompts still need blocks, and their
+    # prefills queue behind what the stats showed waiting from when they were booked.
+    pending: tuple[tuple[float, int], ...] = ()
     last_booked_at: float = float("-inf")  # the replica's latest booking (a tie-break)
+
+    @property
+    def prompt_tokens(self) -> tuple[int, ...]:
+        return tuple(n for _, n in self.pending)
 
 
 @dataclass
@@ -153,7 +159,7 @@ class InflightLedger:
         live = [b for b in r.pending.values() if not b.done]
         gone = list(r.departed.values())
         return InflightLoad(len(live) - len(gone), sum(b.rate for b in live) - sum(b.rate for b in gone),
-                            tuple(b.prompt_tokens for b in live), r.last_booked_at)
+                            tuple((b.booked_at, b.prompt_tokens) for b in live), r.last_booked_at)
 
     def replica_ids(self) -> set[str]:
         return set(self._replicas)

@@ -3,9 +3,9 @@
 Every replica is priced in seconds, so the terms add up and heterogeneous replicas compare fairly:
 
     score = ttft + slack_stall + overload + memory + utilisation
-    ttft        = the step in progress at the replica's running batch + prefill queued there + prefill of streams
-                  booked there since its last stats + this stream's own prefill (the replica's cost model prices
-                  each)
+    ttft        = the step in progress at the replica's running batch + what is left of the prefill queued there
+                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + this
+                  stream's own prefill (the replica's cost model prices each)
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
                   below its buffer slack" costs when it cannot be avoided)
@@ -20,13 +20,17 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
 Scores within `ttft_tolerance_s` of the best remaining one count as equal: each replica's cost model is learned
 from its own noisy steps (a shared CPU, a GPU's clocks), and letting a few milliseconds of estimate decide would
 send every stream to whichever replica happens to look fastest while both can start it at once. Equal replicas go
-to the lower demand D (Σ rate, booked streams and this one included), then the larger free share of the device
-pool, then to the one this router sent a stream to least recently (idle replicas take turns rather than all light
-load landing on one), then the smaller replica id: deterministic. Demand, not headroom Γ − D nor D/Γ: Γ is an
-estimate too, and two identical replicas' estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale),
-which would hand one replica 6 of 8 identical streams; capacity differences still count through the score's
-utilisation term and, near Γ, the overload term. A burst spreads because each stream booked on a replica adds its
-rate and prompt blocks there, and streams already running count through D and the blocks they hold.
+first to the one with fewer streams ahead of this one: those its stats showed waiting and not yet started by now,
+and those this router booked there within `starting_s` (still in the proxy, the replica's HTTP handler or its
+prefill). That count is no estimate, and the router's own bookings are the one load signal as fresh for every
+replica: priced from each replica's stats instead, a burst herded onto whichever replica's stats had just been
+refreshed (its bookings absorbed, the other's still modelled with an idle replica's prior costs: 7 in a row there),
+and its first tokens queued. Then the lower demand D (booked streams and this one included), then the larger free
+share of the device pool, then the one this router sent a stream to least recently (idle replicas take turns
+rather than all light load landing on one), then the smaller replica id: deterministic. Demand, not headroom Γ − D
+nor D/Γ: Γ is an estimate too, and two identical replicas' estimates were seen 2.5x apart (675 vs 1738 tok/s, one
+of them stale), which would hand one replica 6 of 8 identical streams; capacity differences still count through
+the score's utilisation term and, near Γ, the overload term.
 
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
@@ -50,17 +54,29 @@ class SlackRouterConfig:
     overload_horizon_s: float = 10.0  # seconds of starvation an overload is priced over
     memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
     utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
-    ttft_tolerance_s: float = 0.05  # scores this close count as equal; headroom, then free blocks decide
+    ttft_tolerance_s: float = 0.05  # scores this close count as equal; streams ahead, then demand decide
+    # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
+    # prefill): ahead of a newcomer there. About the first-token latency of an idle replica over HTTP here
+    # (0.04-0.07 s); the router's own bookings are the one load signal fresh for every replica alike.
+    starting_s: float = 0.1
     inflight_ttl_s: float = 5.0  # a booking the stats never confirm is dropped after this long
     default_rate: float = 0.0  # rate of a request that declares none (the server's default_rate)
     bytes_per_token: float = 1.0  # text prompt length estimate (the embedded model's tokenizer is byte-level)
+    # An HTTP request is routed on its headers (the body comes later): its prompt is estimated from Content-Length
+    # less the JSON around the prompt, which is most of a short request's body (our paced client's fields: 193
+    # bytes; the openai client's minimum: 62). Counted as prompt, it tripled the estimate of 40-120 byte prompts,
+    # and with it each booked stream's prefill and blocks.
+    http_envelope_bytes: int = 128
 
     def __post_init__(self) -> None:
         for name in ("overload_horizon_s", "memory_penalty_s", "utilisation_weight_s", "ttft_tolerance_s",
-                     "default_rate"):
+                     "default_rate", "starting_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        if isinstance(self.http_envelope_bytes, bool) or not isinstance(self.http_envelope_bytes, int) \
+                or self.http_envelope_bytes < 0:
+            raise ValueError(f"http_envelope_bytes: must be an int >= 0, got {self.http_envelope_bytes!r}")
         for name in ("inflight_ttl_s", "bytes_per_token"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -78,6 +94,7 @@ class ReplicaScore:
     replica_id: str
     score_s: float
     ttft_s: float
+    ahead: int  # streams still to start before this one: waiting at the stats and not started since, and booked
     demand_tok_s: float  # D: Σ declared rate there, with the booked streams and this one
     headroom_tok_s: float  # Γ − D
     utilisation: float  # D / Γ
@@ -86,10 +103,25 @@ class ReplicaScore:
     last_booked_at: float  # this router's latest booking there
 
 
+def prefill_queue(stats: ReplicaStats, now: float) -> tuple[float, int]:
+    """(seconds until the prefills the snapshot showed waiting are done, how many are still to start) at `now`.
+
+    The replica works its queue from `computed_at`, and stats are 0.3-1.5 s old when read (ray-notes §6.2), so
+    time since drains it: a stale snapshot's queue has mostly started by now.
+    """
+    start = stats.computed_at
+    left = stats.queued_prefill_s - max(0.0, now - start)  # a replica clock ahead of ours: nothing drained yet
+    if left <= 0:
+        return 0.0, 0
+    return left, math.ceil(stats.num_waiting * left / stats.queued_prefill_s - 1e-9)  # pro rata, less a hair
+
+
 def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, new: NewStream,
-                  cfg: SlackRouterConfig) -> ReplicaScore:
-    ttft = (stats.decode_step_s + stats.queued_prefill_s + sum(stats.prefill_s(n) for n in inflight.prompt_tokens)
-            + stats.prefill_s(new.prompt_tokens))
+                  cfg: SlackRouterConfig, now: float | None = None) -> ReplicaScore:
+    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting."""
+    wait, ahead = prefill_queue(stats, stats.computed_at if now is None else now)
+    ahead += sum(1 for booked_at, _ in inflight.pending if now is None or now - booked_at < cfg.starting_s)
+    ttft = stats.decode_step_s + wait + stats.prefill_s(new.prompt_tokens)
     stall = 0.0 if stats.min_buffer_s is None else max(0.0, ttft - stats.min_buffer_s)
     demand = max(0.0, stats.demand_rate + inflight.rate) + new.rate  # departures can undercut stale stats
     capacity = stats.capacity_tok_s
@@ -101,20 +133,21 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
     memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
     utilisation = cfg.utilisation_weight_s * used
-    return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, demand, capacity - demand,
-                        used, free, free / max(1, stats.device_blocks_total), inflight.last_booked_at)
+    return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead, demand,
+                        capacity - demand, used, free, free / max(1, stats.device_blocks_total),
+                        inflight.last_booked_at)
 
 
 def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[str, InflightLoad], new: NewStream,
-                  cfg: SlackRouterConfig) -> list[str]:
-    """Candidate replica ids (the keys of `stats`; None: no stats yet), best first."""
+                  cfg: SlackRouterConfig, now: float | None = None) -> list[str]:
+    """Candidate replica ids (the keys of `stats`; None: no stats yet), best first. `now`: as in score_replica."""
     if any(s is None for s in stats.values()):
         def count(rid: str) -> int:
             s = stats[rid]
             return inflight.get(rid, InflightLoad()).count + (0 if s is None else s.num_live)
 
         return sorted(stats, key=lambda rid: (count(rid), inflight.get(rid, InflightLoad()).last_booked_at, rid))
-    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg)
+    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
                         for rid, s in stats.items() if s is not None),
                        key=lambda r: (r.score_s, r.replica_id))
     order: list[str] = []
@@ -122,7 +155,7 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
         cut = remaining[0].score_s + cfg.ttft_tolerance_s
         tier = [r for r in remaining if r.score_s <= cut]
         remaining = remaining[len(tier):]
-        tier.sort(key=lambda r: (r.demand_tok_s, -r.free_share, r.last_booked_at, r.replica_id))
+        tier.sort(key=lambda r: (r.ahead, r.demand_tok_s, -r.free_share, r.last_booked_at, r.replica_id))
         order += [r.replica_id for r in tier]
     return order
 
@@ -135,3 +168,8 @@ def prompt_tokens_estimate(prompt: object, messages: object, cfg: SlackRouterCon
     if isinstance(messages, (tuple, list)):
         text = "".join(str(c) for m in messages for c in (m if isinstance(m, (tuple, list)) else (m,)))
     return max(1, math.ceil(len(text.encode()) / cfg.bytes_per_token))
+
+
+def http_prompt_tokens(body_bytes: int, cfg: SlackRouterConfig) -> int:
+    """Prompt token estimate of an HTTP request from its body's size alone (see `http_envelope_bytes`)."""
+    return max(1, math.ceil(max(0, body_bytes - cfg.http_envelope_bytes) / cfg.bytes_per_token))
