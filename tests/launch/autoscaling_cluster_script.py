@@ -6,6 +6,14 @@ until the autoscaler launches a `gpu` worker node, where it starts and serves st
 one replica (Serve stops the replica off the head first), and the idle node is terminated. Prints one JSON line:
 the timeline of nodes and replicas, and which node served which stream.
 
+Every node runs a Serve proxy (proxy_location EveryNode), as on a real cluster, and the load reaches them the way
+a real deployment's does: through a load balancer that sends requests only to proxies passing `/-/healthz`
+(LoadBalancer below). The fake nodes share this host, so the worker proxy binds its own port
+(RAY_SERVE_WORKER_PROXY_HTTP_PORT), as it would its own address; on one shared SO_REUSEPORT port the kernel handed
+connections to a freshly started proxy that did not know the routes yet, which answers 404 ("Path
+'/v1/completions' not found", 37 of them once in CI) while its /-/healthz still says 503. Each proxy prefers
+replicas on its own node, so the streams that reach the new node's proxy are the ones its replica serves.
+
 Run in its own process (tests/launch/test_autoscaling_cluster.py): it starts its own Ray head.
 """
 
@@ -153,26 +161,60 @@ class Timeline(threading.Thread):
         return default
 
 
-async def load_until(base_url: str, timeline: Timeline, done) -> list:
+class LoadBalancer:
+    """Round robin over the proxies whose /-/healthz answers 200 (Serve's proxy says 503 until it has routes and
+    running replicas, or while it drains), checked every `interval_s`: what a cloud load balancer in front of
+    Serve's per-node proxies does. The head's proxy is always in (Serve keeps it ready even at zero replicas)."""
+
+    def __init__(self, urls: list[str], interval_s: float = 0.25) -> None:
+        self.urls, self.interval_s = urls, interval_s
+        self.healthy = urls[:1]
+        self.served: dict[str, int] = {u: 0 for u in urls}  # streams sent through each proxy
+        self._next = 0
+
+    async def watch(self, http, stop: asyncio.Event) -> None:
+        import httpx
+
+        while not stop.is_set():
+            healthy = []
+            for url in self.urls:
+                try:
+                    if (await http.get(f"{url}/-/healthz", timeout=2.0)).status_code == 200:
+                        healthy.append(url)
+                except httpx.HTTPError:
+                    pass
+            self.healthy = healthy or self.urls[:1]
+            await asyncio.sleep(self.interval_s)
+
+    def pick(self) -> str:
+        self._next += 1
+        url = self.healthy[self._next % len(self.healthy)]
+        self.served[url] += 1
+        return url
+
+
+async def load_until(balancer: LoadBalancer, done) -> list:
     import httpx
 
     from tokenflow_ray.client.stream import PacedStreamClient, StreamSpec
 
     results: list = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(120), limits=httpx.Limits(max_connections=64)) as http:
-        client = PacedStreamClient(http, base_url, report_interval_s=1.0)
+        clients = {url: PacedStreamClient(http, url, report_interval_s=1.0) for url in balancer.urls}
         stop = asyncio.Event()
+        watcher = asyncio.create_task(balancer.watch(http, stop))
 
         async def worker(i: int) -> None:
             while not stop.is_set():
-                results.append(await client.run(StreamSpec(f"Load {i}: tell me about rivers.", max_tokens=32)))
+                spec = StreamSpec(f"Load {i}: tell me about rivers.", max_tokens=32)
+                results.append(await clients[balancer.pick()].run(spec))
 
         workers = [asyncio.create_task(worker(i)) for i in range(12)]
         deadline = time.monotonic() + 120
         while not done() and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         stop.set()
-        await asyncio.gather(*workers)
+        await asyncio.gather(*workers, watcher)
     return results
 
 
@@ -184,7 +226,10 @@ def main() -> dict:
                                    "max_workers": 1}},
         idle_timeout_minutes=0.1)
     t0 = time.monotonic()
-    address = cluster.start()
+    port, worker_port = free_ports(2)
+    # The worker node's proxy gets its own port (its own address on a real cluster); the env reaches it through
+    # the head, whose autoscaler launches the fake node's raylet.
+    address = cluster.start(override_env={"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_port)})
     timeline = None
     try:
         import ray
@@ -203,8 +248,7 @@ def main() -> dict:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
-        (port,) = free_ports(1)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(proxy_location="EveryNode", http_options={"host": "127.0.0.1", "port": port})
         config = ServeConfig(
             app_name=APP, policy="tokenflow", device="cpu", num_cpus=0.5, num_gpus=1, max_num_seqs=8,
             num_device_blocks=256, num_host_blocks=128, images=False,
@@ -218,7 +262,8 @@ def main() -> dict:
             time.sleep(0.1)
         head_node = timeline.last("nodes", [None])[0]
         t_load = time.monotonic() - t0
-        results = asyncio.run(load_until(f"http://127.0.0.1:{port}", timeline,
+        balancer = LoadBalancer([f"http://127.0.0.1:{port}", f"http://127.0.0.1:{worker_port}"])
+        results = asyncio.run(load_until(balancer,
                                          lambda: timeline.last("states", {}).get("RUNNING", 0) >= 2
                                          and len(timeline.last("streams", {})) > 0
                                          and any(rid in timeline.last("replica_nodes", {})
@@ -236,6 +281,8 @@ def main() -> dict:
         serve.delete(APP)
         return {"t_ready": t_ready, "t_load": t_load, "t_unload": t_unload, "head_node": head_node,
                 "streams": len(results), "complete": sum(r.complete for r in results),
+                "per_proxy": {("head" if u.endswith(f":{port}") else "worker"): n
+                              for u, n in balancer.served.items()},
                 "errors": [r.error for r in results if r.error], "samples": timeline.samples}
     finally:
         if timeline is not None:

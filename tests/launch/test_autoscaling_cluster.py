@@ -1,4 +1,5 @@
-"""Serve autoscaling drives the Ray autoscaler (ray.cluster_utils.AutoscalingCluster, fake nodes): load makes
+"""Serve autoscaling drives the Ray autoscaler (ray.cluster_utils.AutoscalingCluster, fake nodes): load (sent, as a load
+balancer would, only to proxies that pass /-/healthz: a new node's proxy answers 404 until it has the routes) makes
 Serve ask for a replica that fits no node, the autoscaler adds a `gpu` node, the replica starts there and serves
 streams, and idleness removes the replica and then the node (autoscaling_cluster_script.py, its own Ray head)."""
 
@@ -20,7 +21,7 @@ def test_a_pending_replica_brings_up_a_node_and_idleness_removes_both():
     head = out["head_node"]
     changes = [(s["t"], s["states"], len(s["nodes"])) for i, s in enumerate(samples)
                if i == 0 or (s["states"], s["nodes"]) != (samples[i - 1]["states"], samples[i - 1]["nodes"])]
-    print(json.dumps({k: out[k] for k in ("t_ready", "t_load", "t_unload", "streams")} | {"changes": changes}))
+    print(json.dumps({k: out[k] for k in ("t_ready", "t_load", "t_unload", "streams", "per_proxy")} | {"changes": changes}))
     assert out["errors"] == [] and out["complete"] == out["streams"] > 0  # nothing cut or failed
     first = samples[0]
     assert first["nodes"] == [head] and first["states"] == {"RUNNING": 1}
