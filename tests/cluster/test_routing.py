@@ -165,7 +165,8 @@ def test_a_stale_replica_is_not_shunned_for_bookings_a_fresh_one_has_absorbed():
 
 def test_a_cluster_of_arrivals_alternates_even_when_demand_differs():
     """Arrivals a few ms apart each start behind those booked just before them on the same replica: the one with
-    fewer still starting takes the next, even if its demand is higher (demand decides between equal queues)."""
+    fewer still starting takes the next, even if its demand is higher (live streams, then demand, decide between
+    equal queues)."""
     light = stats(sum_rate=100.0, num_running=10, num_live=10)
     heavy = stats(sum_rate=300.0, num_running=10, num_live=10)
     loads = {"light": InflightLoad(), "heavy": InflightLoad()}
@@ -177,16 +178,18 @@ def test_a_cluster_of_arrivals_alternates_even_when_demand_differs():
         loads[rid] = InflightLoad(old.count + 1, old.rate + NEW.rate, (*old.pending, (t, 32)), t)
         picks.append(rid)
     assert picks == ["light", "heavy"] * 3
-    # Spread out (each started before the next arrives), the lower demand takes them all.
+    # Spread out (each short stream started and ended before the next arrives), the lower demand takes them all.
     loads = {"light": InflightLoad(), "heavy": InflightLoad()}
     picks = []
     for i in range(3):
         t = 100.0 + 0.5 * i
         rid = rank_replicas({"light": light, "heavy": heavy}, loads, NEW, CFG, t)[0]
-        old = loads[rid]
-        loads[rid] = InflightLoad(old.count + 1, old.rate + NEW.rate, (*old.pending, (t, 32)), t)
+        loads[rid] = InflightLoad(last_booked_at=t)
         picks.append(rid)
     assert picks == ["light"] * 3
+    # Between equal queues, fewer live streams before lower demand: 12 slow readers against 10 faster ones.
+    many_slow = stats(sum_rate=60.0, num_running=12, num_live=12)
+    assert rank_replicas({"slow": many_slow, "heavy": heavy}, {}, NEW, CFG, 100.0) == ["heavy", "slow"]
 
 
 def test_ties_are_broken_deterministically_by_headroom_blocks_then_id():

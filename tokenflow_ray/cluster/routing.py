@@ -25,12 +25,16 @@ and those this router booked there within `starting_s` (still in the proxy, the 
 prefill). That count is no estimate, and the router's own bookings are the one load signal as fresh for every
 replica: priced from each replica's stats instead, a burst herded onto whichever replica's stats had just been
 refreshed (its bookings absorbed, the other's still modelled with an idle replica's prior costs: 7 in a row there),
-and its first tokens queued. Then the lower demand D (booked streams and this one included), then the larger free
-share of the device pool, then the one this router sent a stream to least recently (idle replicas take turns
-rather than all light load landing on one), then the smaller replica id: deterministic. Demand, not headroom Γ − D
-nor D/Γ: Γ is an estimate too, and two identical replicas' estimates were seen 2.5x apart (675 vs 1738 tok/s, one
-of them stale), which would hand one replica 6 of 8 identical streams; capacity differences still count through
-the score's utilisation term and, near Γ, the overload term.
+and its first tokens queued. Then fewer live streams (the stats' count, with bookings and departures since):
+each holds blocks that grow and shares every step and the replica's CPU, and balancing demand first left 35/29
+splits whose fuller replica had the slowest first tokens (`tokenflow bench routing`: P99 TTFT 0.25 against
+default's 0.21 s; fewer streams first, 0.18 against 0.24). Then the lower demand D (booked streams and this one
+included), then the larger free share of the device pool, then the one this router sent a stream to least
+recently (idle replicas take turns rather than all light load landing on one), then the smaller replica id:
+deterministic. Counts and demand, not headroom Γ − D nor D/Γ: Γ is an estimate too, and two identical replicas'
+estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale), which would hand one replica 6 of 8
+identical streams; capacity differences still count through the score's utilisation term and, near Γ, the
+overload term.
 
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
@@ -54,7 +58,7 @@ class SlackRouterConfig:
     overload_horizon_s: float = 10.0  # seconds of starvation an overload is priced over
     memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
     utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
-    ttft_tolerance_s: float = 0.05  # scores this close count as equal; streams ahead, then demand decide
+    ttft_tolerance_s: float = 0.05  # scores this close are equal; streams ahead, live streams, demand decide
     # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
     # prefill): ahead of a newcomer there. About the first-token latency of an idle replica over HTTP here
     # (0.04-0.07 s); the router's own bookings are the one load signal fresh for every replica alike.
@@ -95,6 +99,7 @@ class ReplicaScore:
     score_s: float
     ttft_s: float
     ahead: int  # streams still to start before this one: waiting at the stats and not started since, and booked
+    streams: int  # live there: the stats' count with this router's bookings and departures since
     demand_tok_s: float  # D: Σ declared rate there, with the booked streams and this one
     headroom_tok_s: float  # Γ − D
     utilisation: float  # D / Γ
@@ -133,9 +138,9 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
     memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
     utilisation = cfg.utilisation_weight_s * used
-    return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead, demand,
-                        capacity - demand, used, free, free / max(1, stats.device_blocks_total),
-                        inflight.last_booked_at)
+    return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead,
+                        max(0, stats.num_live + inflight.count), demand, capacity - demand, used, free,
+                        free / max(1, stats.device_blocks_total), inflight.last_booked_at)
 
 
 def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[str, InflightLoad], new: NewStream,
@@ -155,7 +160,7 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
         cut = remaining[0].score_s + cfg.ttft_tolerance_s
         tier = [r for r in remaining if r.score_s <= cut]
         remaining = remaining[len(tier):]
-        tier.sort(key=lambda r: (r.ahead, r.demand_tok_s, -r.free_share, r.last_booked_at, r.replica_id))
+        tier.sort(key=lambda r: (r.ahead, r.streams, r.demand_tok_s, -r.free_share, r.last_booked_at, r.replica_id))
         order += [r.replica_id for r in tier]
     return order
 
