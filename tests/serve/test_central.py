@@ -190,3 +190,42 @@ def test_a_dropped_replica_that_was_only_slow_sends_a_snapshot_and_is_back():
     swept, asked, known, delivered, view = asyncio.run(run())
     assert swept == ["r1", "r2"] and asked is True and known and delivered == [Report("a1", rate=3.0)]
     assert set(view) == {"a1"}
+
+
+def test_the_migration_policy_sends_reliefs_and_moves_redirect_reports():
+    from tokenflow_ray.cluster.migration_policy import MigrationSettings
+    from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder
+
+    def gauges(sum_rate, paused, device_free):
+        return {"gauges": {"sum_rate": sum_rate, "waiting_rate": 0.0, "capacity_tok_s": 1000.0,
+                           "num_paused": paused, "num_waiting": 0, "host_blocks_free": 100,
+                           "device_blocks_free": device_free, "device_blocks_total": 100}}
+
+    async def run():
+        central = _central(poll_s=0.05, migration=MigrationSettings(interval_s=60.0))  # ticks by hand here
+        await _register(central, "hot", "s1", "s2")
+        await _register(central, "cool")
+        await central.register_port("hot", "port-hot")
+        await central.register_port("cool", "port-cool")
+        await central.wait_reports("hot", gauges(800.0, 5, 0))  # device full, streams paused
+        await central.wait_reports("cool", gauges(0.0, 0, 100))
+        await central.set_migration(False)
+        assert central.relieve_now() == []
+        await central.set_migration(True)
+        sent = central.relieve_now()
+        assert central.relieve_now() == []  # the same source is left alone until its stats can show the effect
+        orders = await central.wait_reports("hot")
+        # A manual move of s1: the order reaches the owner, the owner's answer moves the table entry.
+        move = asyncio.create_task(central.migrate("s1"))
+        await asyncio.sleep(0.01)
+        move_order = await central.wait_reports("hot")
+        await central.report(Report("s1", rate=9.0))  # queued for the owner before the move completes
+        await central.move_result("s1", {"moved": True, "source": "hot", "target": "cool"})
+        return sent, orders, move_order, await move, await central.wait_reports("cool"), central.table.owner("s1")
+
+    sent, orders, move_order, result, cool_reports, owner = asyncio.run(run())
+    assert [(r.source, r.target, r.reason) for r in sent] == [("hot", "cool", "device_full")]
+    assert orders == [RelieveOrder("cool", "port-cool", 400.0, 5, "device_full")]
+    assert move_order == [MoveOrder("s1", "cool", "port-cool", "requested")]
+    assert result["moved"] and owner == "cool"
+    assert cool_reports == [Report("s1", rate=9.0)]  # the report queued for the old owner followed the stream

@@ -203,6 +203,19 @@ def _routing(args: argparse.Namespace) -> int:
     return 0 if all(r["complete"] == cfg.streams for r in report["routers"].values()) else 1
 
 
+def _migration(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.migration_bench import MigrationBenchConfig, print_table, run_migration_bench
+
+    cfg = MigrationBenchConfig(contexts=args.contexts, moves=args.moves, streams=args.streams,
+                               max_tokens=args.max_tokens, rate=args.rate, rounds=args.rounds, seed=args.seed,
+                               timeout_s=args.timeout)
+    report = run_migration_bench(cfg)
+    print_table(report)
+    write_json(args.json, report)
+    return 0 if all(r["complete"] == cfg.streams for arm in report["hot_replica"].values()
+                    for r in arm["rounds"]) else 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
     p.add_argument("--workload", default="burst", choices=["burst", "poisson", "gamma", "mixed"])
@@ -283,6 +296,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", default="out/routing", metavar="DIR", help="where routing.png goes ('' for none)")
     p.set_defaults(handler=_routing)
+
+    p = sub.add_parser("migration", help="a moved stream's downtime vs its recompute, and a hot replica relieved by "
+                                         "migration vs not")
+    p.add_argument("--contexts", type=_int_list, default=(64, 256, 512, 1024), help="stream lengths at the move")
+    p.add_argument("--moves", type=int, default=5, help="moves per context length")
+    p.add_argument("--streams", type=int, default=48, help="the hot replica's burst")
+    p.add_argument("--max-tokens", type=int, default=192, help="mean output tokens (each stream 0.5x-1.5x)")
+    p.add_argument("--rate", type=float, default=30.0, help="mean reader rate, tokens/s (each 0.5x or 1.5x)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per arm; medians reported")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per round")
+    p.add_argument("--json", metavar="PATH")
+    p.set_defaults(handler=_migration)
 
     s = sub.add_parser("serve", help="the same streams through HTTP/SSE (Ray Serve) vs in-process")
     s.add_argument("--streams", type=int, default=32)

@@ -16,9 +16,10 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.cluster.routing import SlackRouterConfig
 from tokenflow_ray.serve.admission import CONTROL_SLOTS, direct_proxy_queue, direct_stream_limit
-from tokenflow_ray.serve.central import CentralSettings, central_name
+from tokenflow_ray.serve.central import CentralSettings
 from tokenflow_ray.serve.config import ServeConfig
 from tokenflow_ray.serve.ingress import IngressSettings, make_http_class, make_ingress
 from tokenflow_ray.serve.replica import LLMServer, ReplicaSettings
@@ -29,8 +30,9 @@ SLACK_ROUTER_PATH = "tokenflow_ray.serve.slack_router.SlackRequestRouter"
 
 def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Application:
     """`routers` is the seam for extra routes; the image tokenizer's are added when config.images is set."""
-    central = CentralSettings(central_name(config.app_name), config.central_namespace,
-                              register_grace_s=config.register_grace_s)
+    central = CentralSettings(config.central_actor_name, config.central_namespace,
+                              register_grace_s=config.register_grace_s,
+                              migration=MigrationSettings() if config.migration_enabled else None)
     adm = config.admission()
     direct = config.http == "direct"
     extra: list[Any] = []
@@ -122,4 +124,4 @@ def undeploy(config: ServeConfig) -> None:
     from tokenflow_ray.serve.central import kill_central
 
     serve.delete(config.app_name)
-    kill_central(central_name(config.app_name), config.central_namespace)
+    kill_central(config.central_actor_name, config.central_namespace)

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import ray
 
-from tokenflow_ray.cluster.migration_policy import choose_target
+from tokenflow_ray.cluster.migration_policy import MigrationSettings, Relief, choose_target, plan_relief
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings
-from tokenflow_ray.serve.messages import MoveOrder, Report
+from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder, Report
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class CentralSettings:
     deliver_timeout_s: float = 5.0
     finished_memory: int = 4096  # recently finished ids kept, so reports for them are refused at once
     stale_after_s: float = 10.0  # a replica silent this long (10 polls) is taken for dead and dropped
+    migration: MigrationSettings | None = None  # None: no automatic moves (migrate() still works)
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "push_interval_s", "register_grace_s", "deliver_timeout_s", "stale_after_s"):
@@ -70,6 +71,9 @@ class CentralScheduler:
         self._wake: dict[str, asyncio.Event] = {}  # a replica's long-poll: reports are queued for it
         self._taken: dict[str, asyncio.Event] = {}  # set when a replica takes the reports queued for it so far
         self._sweeper: asyncio.Task | None = None
+        self._mover: asyncio.Task | None = None
+        self._relieving: dict[str, float] = {}  # source replica -> when it was last asked to relieve itself
+        self.policy_on = True  # the migration policy acts (set_migration: benchmarks compare with and without)
         self.counts = {"batches": 0, "full_snapshots": 0, "reports_pushed": 0, "pushes": 0, "migrations": 0,
                        "migrations_failed": 0}
         self.ports: dict[str, object] = {}  # replica id -> its StreamPort (replicas that take migrated streams)
@@ -81,6 +85,8 @@ class CentralScheduler:
         self.heard[replica_id] = time.monotonic()
         if self._sweeper is None or self._sweeper.done():  # lazily: __init__ may run outside the actor's loop
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+        if self.settings.migration is not None and (self._mover is None or self._mover.done()):
+            self._mover = asyncio.get_running_loop().create_task(self._migration_loop())
 
     def _arrived(self, stream_id: str) -> None:
         event = self._arrivals.pop(stream_id, None)
@@ -101,7 +107,8 @@ class CentralScheduler:
                 self._arrived(sid)  # a report waiting on it answers "finished" now, not after the grace
         return need_full
 
-    async def wait_reports(self, replica_id: str, stats: dict | None = None) -> list[Report | MoveOrder]:
+    async def wait_reports(self, replica_id: str,
+                           stats: dict | None = None) -> list[Report | MoveOrder | RelieveOrder]:
         """The replica's long-poll: the reports (and move orders) queued for it, after at most poll_s."""
         self._heard_from(replica_id)
         if stats is not None:
@@ -206,6 +213,37 @@ class CentralScheduler:
         future = self._move_waiters.get(stream_id)
         if future is not None and not future.done():
             future.set_result(result)
+
+    def relieve_now(self) -> list[Relief]:
+        """One tick of the migration policy: reliefs for overloaded replicas, sent down their long-polls. A
+        replica just asked is left alone until its stats can show the effect (two ticks)."""
+        ms = self.settings.migration
+        if ms is None or not self.policy_on:
+            return []
+        now, mono = time.time(), time.monotonic()
+        fresh = {rid: s["gauges"] for rid, (t, s) in self.replica_stats.items()
+                 if now - t <= ms.stats_max_age_s and "gauges" in s}
+        sent = []
+        for relief in plan_relief(fresh, self.ports, ms):
+            if mono - self._relieving.get(relief.source, -1e9) < 2 * ms.interval_s:
+                continue
+            self._relieving[relief.source] = mono
+            self._orders.setdefault(relief.source, []).append(
+                RelieveOrder(relief.target, self.ports[relief.target], relief.rate, relief.max_streams, relief.reason))
+            wake = self._wake.get(relief.source)
+            if wake is not None:
+                wake.set()
+            sent.append(relief)
+        return sent
+
+    async def _migration_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.migration.interval_s)
+            self.relieve_now()
+
+    async def set_migration(self, on: bool) -> None:
+        """Switch the automatic moves on or off (manual `migrate` works either way)."""
+        self.policy_on = bool(on)
 
     async def port_count(self) -> int:
         return len(self.ports)

@@ -81,6 +81,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     central_namespace: str = "tokenflow"
+    # Share another app's central actor (its app_name): replicas of both are then one cluster to the migration
+    # policy (a stream can move between them). "": this app's own.
+    central_app: str = ""
     images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.images exists
     tokenizer_dir: str | None = None  # a trained image tokenizer (save_pretrained / export dir); None: random tiny
     # How the LLMServer handle picks a replica for a new stream: "default" is Serve's power-of-two-choices on
@@ -143,6 +146,12 @@ class ServeConfig:
                  f"tokenizer_dir: {self.tokenizer_dir} is not a saved tokenizer (no config.json)")
         _require(self.tokenizer_dir is None or bool(self.images), "tokenizer_dir: needs images on")
         self.engine_config()  # engine-level validation now, not in a replica
+
+    @property
+    def central_actor_name(self) -> str:
+        from tokenflow_ray.serve.central import central_name
+
+        return central_name(self.central_app or self.app_name)
 
     @property
     def migration_enabled(self) -> bool:

@@ -44,3 +44,15 @@ class MoveOrder:
     target_replica_id: str
     target_port: object  # the target's StreamPort actor handle
     reason: str = "requested"
+
+
+@dataclass(frozen=True)
+class RelieveOrder:
+    """The central actor asks an overloaded replica to move paused streams worth `rate` tokens/s of declared
+    demand (at most `max_streams`) to the target; the replica picks which (cluster/migration_policy.py)."""
+
+    target_replica_id: str
+    target_port: object
+    rate: float
+    max_streams: int
+    reason: str = "overloaded"

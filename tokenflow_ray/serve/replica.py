@@ -24,13 +24,14 @@ from ray import serve
 
 from tokenflow_ray.cluster.autoscaling import CRITICAL_BUFFER_S, ReplicaLoad, count_buffer_critical
 from tokenflow_ray.cluster.change_log import ChangeLog
+from tokenflow_ray.cluster.migration_policy import pick_streams
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine, StreamMoved
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.ingress import queue_full
-from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, Report
+from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, RelieveOrder, Report
 from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,16 @@ class LLMServer:
             log.warning("could not tell the central actor about moving %s", sid, exc_info=True)
         return result
 
+    async def _relieve(self, order: RelieveOrder) -> list[dict]:
+        """Move streams worth the order's rate to its target (migration_policy.pick_streams), all at once (each
+        export waits only for its own copies)."""
+        def pick() -> list[str]:  # engine thread
+            return pick_streams(self.engine.scheduler, self.engine.clock.now(), order.rate, order.max_streams)
+
+        sids = await self.aengine.call(pick)
+        return list(await asyncio.gather(*(self._migrate_out(
+            MoveOrder(sid, order.target_replica_id, order.target_port, order.reason)) for sid in sids)))
+
     async def _inbox_loop(self) -> None:
         """Streams offered to this replica, cancellations of moved streams and reports for them (StreamPort)."""
         while True:
@@ -316,7 +327,9 @@ class LLMServer:
                 reports = await self.central.wait_reports.remote(self.replica_id, stats)
                 for order in [r for r in reports if isinstance(r, MoveOrder)]:
                     self._spawn(self._migrate_out(order))
-                reports = [r for r in reports if not isinstance(r, MoveOrder)]
+                for order in [r for r in reports if isinstance(r, RelieveOrder)]:
+                    self._spawn(self._relieve(order))
+                reports = [r for r in reports if isinstance(r, Report)]
                 for r in [r for r in reports if r.stream_id in self._relayed]:
                     self._relayed[r.stream_id].report.remote(r)  # it moved on: forward it
                 if reports:
