@@ -37,6 +37,7 @@ from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.policies import TokenFlowConfig
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.engine.step_time_model import StepTimeFit
 from tokenflow_ray.metrics import summarize
 from tokenflow_ray.sim.cost import CalibratedStepCost, HostLink, StepShape
 from tokenflow_ray.sim.experiments import summarize_outcome
@@ -168,20 +169,26 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
     # (oneDNN's primitive cache): its first full-budget prefill steps took 39-55 ms against 25 ms warm, and a
     # calibration on it priced a prefill token 13% high, which put every simulated TTFT p50 5-16% high.
     run_real(fcfs_cfg, workload(cfg, cal_seed + 1, 0.0))
-    cal = run_real(fcfs_cfg, workload(cfg, cal_seed, 0.0))
-    info = cal.info
-    calib["fcfs"] = CalibratedStepCost.from_samples(cal.samples)
-    bandwidth += cal.copy_bytes_s
+    # Calibration runs are repeated too: one run disturbed by another job once fitted Γ 16% low and put every
+    # simulated figure 20% off. The unpaced fcfs burst plans the same steps every run (nothing in it depends on
+    # the clock), so each step's time is its median over the runs; the paced policies' runs differ step by
+    # step, so each run is fitted and the coefficients' medians taken.
+    cal_runs = [run_real(fcfs_cfg, workload(cfg, cal_seed, 0.0)) for _ in range(cfg.repeats)]
+    info = cal_runs[0].info
+    samples = _median_steps([r.samples for r in cal_runs])
+    calib["fcfs"] = CalibratedStepCost.from_samples(samples)
+    bandwidth += [b for r in cal_runs for b in r.copy_bytes_s]
     capacity = _capacity(calib["fcfs"], fcfs_cfg, workload(cfg, cfg.seed, 1.0))
-    progress(f"calibrated fcfs on {len(cal.samples)} steps: {calib['fcfs']}; Γ = {capacity:.0f} tok/s")
+    progress(f"calibrated fcfs on {len(samples)} steps x {len(cal_runs)} runs: {calib['fcfs']}; "
+             f"Γ = {capacity:.0f} tok/s")
     for policy in cfg.policies:
         if policy in calib:
             continue
         rate = cfg.calibration_load * capacity / cfg.num_streams
-        run = run_real(engine_config(cfg, policy), workload(cfg, cal_seed, rate))
-        calib[policy] = calib["fcfs"].for_policy(run.samples)
-        bandwidth += run.copy_bytes_s
-        progress(f"calibrated {policy} on {len(run.samples)} steps: {calib[policy]}")
+        runs = [run_real(engine_config(cfg, policy), workload(cfg, cal_seed, rate)) for _ in range(cfg.repeats)]
+        calib[policy] = _median_cost([calib["fcfs"].for_policy(r.samples) for r in runs])
+        bandwidth += [b for r in runs for b in r.copy_bytes_s]
+        progress(f"calibrated {policy} on {len(runs)} runs: {calib[policy]}")
     copy_bw = statistics.median(bandwidth) if bandwidth else 2e9
     # 2. The regimes.
     regimes = {}
@@ -215,6 +222,22 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
             "calibration": {p: {"fixed_s": c.fit.fixed_s, "decode_s": c.fit.decode_s, "prefill_s": c.fit.prefill_s,
                                 "context_s": c.context_s} for p, c in calib.items()},
             "regimes": regimes, "wall_s": time.perf_counter() - wall}
+
+
+def _median_steps(runs: list[list[tuple[StepShape, float]]]) -> list[tuple[StepShape, float]]:
+    """Each step's median time over runs that planned the same steps; runs that did not are pooled."""
+    shapes = [[shape for shape, _ in r] for r in runs]
+    if any(s != shapes[0] for s in shapes[1:]):
+        return [sample for r in runs for sample in r]
+    return [(shape, statistics.median(r[i][1] for r in runs)) for i, shape in enumerate(shapes[0])]
+
+
+def _median_cost(fits: list[CalibratedStepCost]) -> CalibratedStepCost:
+    """Coefficient-wise medians of per-run refits (they share the prefill and context costs)."""
+    f = fits[0]
+    return CalibratedStepCost(StepTimeFit(statistics.median(c.fit.fixed_s for c in fits),
+                                          statistics.median(c.fit.decode_s for c in fits), f.fit.prefill_s),
+                              f.context_s)
 
 
 def _ties(spread: dict, metric: str) -> list[list[str]]:
