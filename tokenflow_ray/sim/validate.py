@@ -52,7 +52,7 @@ class ValidateConfig:
     num_streams: int = 40
     loads: tuple[tuple[str, float], ...] = (("low", 0.4), ("near_capacity", 0.85), ("overload", 1.5))
     policies: tuple[str, ...] = ("fcfs", "andes", "tokenflow")
-    length_scale: float = 1 / 8  # Table 1 SL scaled: ~64-token prompts, ~128-token outputs
+    length_scale: float = 1 / 8  # Table 1 SL scaled: ~64-token prompts, ~256-token outputs
     kv_fraction: float = 0.3  # device pool: this share of the burst at full length (the paper's pressure)
     host_factor: float = 4.0
     block_size: int = 16
