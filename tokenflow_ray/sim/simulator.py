@@ -13,8 +13,9 @@ steps, replicas in id order):
 With one replica the whole workload is handed to the engine up front (future arrivals, held by the engine) and
 nothing is routed. Conservation checks (conservation.py) run after every step when `checks` is on.
 
-Not simulated yet: the central actor's migration (the lead is moving its pure stream table into
-tokenflow_ray/cluster/; `Simulation.replicas` exposes each engine for it) and Serve's bounded queue / 429.
+Not simulated yet: the central actor's migration (cluster/stream_table.py, cluster/migration_policy.py and the
+engine's export/import exist; `Simulation.replicas` exposes each engine for a migration tick) and Serve's bounded
+queue / 429.
 """
 
 from __future__ import annotations
