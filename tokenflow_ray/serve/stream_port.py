@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import ray
+
+CANCELLED_MEMORY = 4096  # a put for a stream cancelled longer ago than this many cancellations finds no queue anyway
 
 
 class StreamPort:
@@ -36,7 +38,7 @@ class StreamPort:
         self._out: dict[str, deque] = {}  # stream id -> deltas not yet taken by the source
         self._out_event: dict[str, asyncio.Event] = {}
         self._taken_at: dict[str, float] = {}
-        self._cancelled: set[str] = set()
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # recent cancellations (bounded)
 
     # ---- the source replica ---------------------------------------------------------------------------------------
     async def offer(self, stream_id: str, exported_ref: list, sent_at: float) -> bool:
@@ -82,8 +84,7 @@ class StreamPort:
 
     def cancel(self, stream_id: str) -> None:
         """The client left: the target aborts the stream."""
-        self._cancelled.add(stream_id)
-        self._forget(stream_id)
+        self._cancel(stream_id)
         self._push(("cancel", stream_id))
 
     def report(self, report: Any) -> None:
@@ -130,13 +131,18 @@ class StreamPort:
         self._out_event.pop(stream_id, None)
         self._taken_at.pop(stream_id, None)
 
+    def _cancel(self, stream_id: str) -> None:
+        self._cancelled[stream_id] = None
+        while len(self._cancelled) > CANCELLED_MEMORY:
+            self._cancelled.popitem(last=False)
+        self._forget(stream_id)
+
     def _orphans(self) -> list[tuple]:
         """Cancellations for streams whose source stopped taking their deltas (it died with their clients)."""
         now = time.monotonic()
         gone = [sid for sid, t in self._taken_at.items() if now - t > self.orphan_after_s and sid not in self._acks]
         for sid in gone:
-            self._cancelled.add(sid)
-            self._forget(sid)
+            self._cancel(sid)
         return [("cancel", sid) for sid in gone]
 
     def stats(self) -> dict[str, int]:
