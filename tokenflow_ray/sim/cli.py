@@ -6,6 +6,7 @@
     tokenflow simulate --ablation               Table 2 (4090, setup b)
     tokenflow simulate validate --json P        the real CPU engine against the calibrated simulator
     tokenflow simulate scale --streams 10000 --replicas 64
+    tokenflow simulate --replicas 4 --router pinned --migration   each policy with and without live migration
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tokenflow_ray.engine.policies import POLICY_NAMES
     from tokenflow_ray.sim import experiments
 
+    migration = _migration_settings(args)  # refused up front where it does not apply
     if args.action == "validate":
         return _validate(args)
     if args.action == "scale":
@@ -93,9 +95,18 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         out = experiments.run_setup(args.gpu, args.model, args.setup, policies, replicas=args.replicas,
                                     router=args.router, seed=args.seed, rate=args.rate, num_requests=args.requests,
-                                    checks=not args.no_checks, progress=progress)
+                                    checks=not args.no_checks, progress=progress, migration=migration)
         print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{args.replicas}")
         _print_policies(out["policies"])
+        if migration is not None:
+            print("with migration:")
+            _print_policies(out["migration"]["policies"])
+            for name, s in out["migration"]["policies"].items():
+                m = s["migration"]
+                print(f"{name:>10}: {m['migrations']} moves ({m['moved_streams']} streams, "
+                      f"{m['kv_bytes'] / 2**30:.2f} GiB, {m['transfer_s_max'] * 1e3:.1f} ms at most); with/without "
+                      + ", ".join(f"{k} {v:.2f}x" for k, v in out["migration"]["vs_no_migration"][name].items()
+                                  if v is not None))
         print("ours:", out["ours"])
         print("paper:", out["paper"])
         if args.plots:
@@ -104,6 +115,18 @@ def _simulate(args: argparse.Namespace) -> int:
             plot_policies(out, args.plots)
     write_json(args.json, out)
     return 0
+
+
+def _migration_settings(args: argparse.Namespace):
+    if not args.migration:
+        return None
+    if args.replicas < 2:
+        raise ValueError("--migration: needs --replicas >= 2")
+    if args.table or args.table_from or args.sweep or args.ablation or args.action != "run":
+        raise ValueError("--migration: only with a single setup run (not --table, --sweep, --ablation, validate, scale)")
+    from tokenflow_ray.cluster.migration_policy import MigrationSettings
+
+    return MigrationSettings(interval_s=args.migration_interval)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -160,6 +183,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", choices=("rate", "mu", "delta_t"), default=None)
     p.add_argument("--ablation", action="store_true", help="Table 2 variants (default 4090, setup b)")
     p.add_argument("--streams", type=int, default=None, help="validate: streams per regime (40); scale: streams")
+    p.add_argument("--migration", action="store_true",
+                   help="with --replicas > 1: each policy also with the central actor's live migration")
+    p.add_argument("--migration-interval", type=float, default=1.0, help="the migration tick, virtual s")
     p.add_argument("--no-checks", action="store_true", help="skip the per-step conservation checks")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", default=None)

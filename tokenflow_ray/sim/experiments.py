@@ -3,6 +3,13 @@ Table 2 ablation; every figure is `tokenflow_ray.metrics.summarize` over the eng
 
 The JSON follows design.md: `setup`, `policies: {name: {ttft_p50_s, ttft_p99_s, effective_tput, raw_tput, stall_s,
 preemptions, ...}}`, `paper: {...}` with our ratios beside the paper's.
+
+With `migration` (replicas > 1) every policy runs twice on the same requests, with the central actor's table fed
+and checked both times: `policies` is the run where nothing moves, and `migration` holds
+`{settings, link, policies: {name: summary of the run with moves}, ours: tokenflow's ratios in those runs,
+vs_no_migration: {name: {effective_tput, ttft_p99, raw_tput}: with / without}}`. Each summary of a run with the
+table has `migration: {ticks, reliefs, migrations, moved_streams, taken_back, kv_bytes, transfer_s,
+transfer_s_max}` and `stream_migrations` (Σ over the streams' records).
 """
 
 from __future__ import annotations
@@ -12,9 +19,11 @@ from dataclasses import asdict, replace
 
 from tokenflow_ray.bench.policy_bench import ABLATIONS, policy_ratios
 from tokenflow_ray.bench.workloads import RequestSpec
+from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.metrics import summarize
 from tokenflow_ray.sim.hardware import deployment
+from tokenflow_ray.sim.migration import MigrationLink
 from tokenflow_ray.sim.setups import (
     DEFAULT_RATE,
     PAPER,
@@ -37,15 +46,20 @@ def summarize_outcome(outcome: SimOutcome) -> dict:
     completion = max((r.token_times[-1] for r in outcome.records if r.token_times), default=0.0)
     # No wall-clock figure here: a seed's JSON must be identical run to run (the scale command times runs).
     summary.update(completion_s=completion, steps=outcome.steps, per_replica_streams=outcome.per_replica_streams)
+    if outcome.migration is not None:
+        summary.update(migration=outcome.migration.totals.to_dict(),
+                       stream_migrations=sum(r.migrations for r in outcome.records))
     return summary
 
 
 def simulate_policy(gpu: str, model: str, policy: str, requests: Sequence[RequestSpec], replicas: int = 1,
                     router: str = "slack", tokenflow: TokenFlowConfig | None = None,
                     cache_overrides: dict | None = None, checks: bool = True, integrity: bool = False,
-                    seed: int = 0, progress: Progress = None) -> dict:
+                    seed: int = 0, progress: Progress = None, migration: MigrationSettings | None = None,
+                    migration_on: bool = True, migration_link: MigrationLink | None = None) -> dict:
     setup = gpu_replica_setup(gpu, model, policy, tokenflow, cache_overrides, num_requests=len(requests))
-    sim = Simulation(setup, num_replicas=replicas, router=router, checks=checks, integrity=integrity, seed=seed)
+    sim = Simulation(setup, num_replicas=replicas, router=router, checks=checks, integrity=integrity, seed=seed,
+                     migration=migration, migration_on=migration_on, migration_link=migration_link)
     return summarize_outcome(sim.run(requests, progress=progress))
 
 
@@ -61,18 +75,31 @@ def ratios(results: dict) -> dict:
 def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_NAMES, replicas: int = 1,
               router: str = "slack", seed: int = 0, rate: float = DEFAULT_RATE, num_requests: int | None = None,
               tokenflow: TokenFlowConfig | None = None, checks: bool = True,
-              progress: Callable[[str], Progress] | None = None) -> dict:
+              progress: Callable[[str], Progress] | None = None, migration: MigrationSettings | None = None,
+              migration_link: MigrationLink | None = None) -> dict:
     setup = paper_setup(gpu, name)
     dep = deployment(gpu, model)
     requests = setup_requests(setup, seed=seed, rate=rate, num_requests=num_requests,
                               max_total=dep.model.max_model_len)
-    results = {}
+    results, moved = {}, {}
     for policy in policies:
         bar = progress(policy) if progress is not None else None
         results[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
-                                          checks=checks, seed=seed, progress=bar)
-    return {"setup": setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
-            "policies": results, "ours": ratios(results), "paper": paper_figures(setup)}
+                                          checks=checks, seed=seed, progress=bar, migration=migration,
+                                          migration_on=False, migration_link=migration_link)
+        if migration is not None:
+            bar = progress(f"{policy}+migration") if progress is not None else None
+            moved[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
+                                            checks=checks, seed=seed, progress=bar, migration=migration,
+                                            migration_link=migration_link)
+    out = {"setup": setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
+           "policies": results, "ours": ratios(results), "paper": paper_figures(setup)}
+    if migration is not None:
+        out["migration"] = {"settings": asdict(migration), "link": asdict(migration_link or MigrationLink()),
+                            "policies": moved,
+                            "ours": ratios(moved),
+                            "vs_no_migration": {p: policy_ratios(moved[p], results[p]) for p in moved}}
+    return out
 
 
 def setup_dict(setup: PaperSetup, gpu: str, model: str, requests: Sequence[RequestSpec], replicas: int,

@@ -7,6 +7,10 @@ then write-through; loads run beside evictions when the engine overlaps copies, 
 sharing the link. Copies that outlast the model step stretch it (they are joined at step end), so write-through,
 chunked loads and load/evict overlap cost what they would; the scheduler's copy budget keeps them within the
 step, and when it misjudges, the queueing shows up here as longer steps.
+
+Migration (`export_kv` / `import_kv`, what LLMEngine.try_export / import_stream call) is accounting only: there is
+no KV, so a stream's exported "data" is its block count, checked on import. The network transfer is priced by
+the simulator (migration.py's MigrationLink), the later load on the target's host link here like any load.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class RunnerTotals:
     tokens_sampled: int = 0
     blocks_out: int = 0
     blocks_in: int = 0
+    blocks_exported: int = 0  # host blocks handed to a migrated stream's export
+    blocks_imported: int = 0
 
 
 class SimRunner:
@@ -80,3 +86,13 @@ class SimRunner:
         t.blocks_in += n_in
         return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=compute, copy_s=copy_s,
                           copy_bytes=(n_out + n_in) * self.block_bytes, swap_out_s=swap_out_s, step_s=step)
+
+    # ---- migration: nothing to copy, only counted --------------------------------------------------------------
+    def export_kv(self, host_block_ids: list[int]) -> int:
+        self.totals.blocks_exported += len(host_block_ids)
+        return len(host_block_ids)
+
+    def import_kv(self, host_block_ids: list[int], data: int) -> None:
+        if data != len(host_block_ids):
+            raise ValueError(f"KV blocks: {data} exported, {len(host_block_ids)} host blocks given")
+        self.totals.blocks_imported += len(host_block_ids)

@@ -10,12 +10,15 @@ steps, replicas in id order):
 - a replica's wake-up: if a step is in flight and ends now, `finish_step` applies its result at this time; then
   `begin_step` plans the next one at this time, the SimRunner prices it, and the replica wakes again when it ends;
   with nothing to run, the replica sleeps until `LLMEngine.next_event_time()`.
+- with `migration` (N > 1), the central actor's tick every `interval_s` (migration.py: the cluster's StreamTable
+  fed from each replica's ChangeLog, `plan_relief` over the replicas' gauges) and a moved stream's landing on
+  its target after its KV crossed the network; each replica acts on both between two of its steps (after
+  `finish_step`, before `begin_step`), where it exports and imports streams.
 With one replica the whole workload is handed to the engine up front (future arrivals, held by the engine) and
-nothing is routed. Conservation checks (conservation.py) run after every step when `checks` is on.
+nothing is routed. Conservation checks (conservation.py) run after every step when `checks` is on; with
+migration the table is checked against every engine's live streams on every tick.
 
-Not simulated yet: the central actor's migration (cluster/stream_table.py, cluster/migration_policy.py and the
-engine's export/import exist; `Simulation.replicas` exposes each engine for a migration tick) and Serve's bounded
-queue / 429.
+Not simulated yet: Serve's bounded queue / 429.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 from tokenflow_ray.bench.workloads import RequestSpec
 from tokenflow_ray.cluster.inflight import InflightLedger
+from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.cluster.replica_stats import ReplicaStats, replica_stats_from_engine
 from tokenflow_ray.cluster.routing import NewStream, SlackRouterConfig, rank_replicas
 from tokenflow_ray.engine.clock import VirtualClock
@@ -39,10 +43,11 @@ from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.metrics.stream_metrics import StreamRecord
 from tokenflow_ray.sim.conservation import ConservationChecker
 from tokenflow_ray.sim.cost import HostLink, StepCost
+from tokenflow_ray.sim.migration import ClusterMigration, InTransit, MigrationLink
 from tokenflow_ray.sim.sim_runner import SimRunner
 
-ROUTERS = ("slack", "pow2", "round_robin")
-_ARRIVAL, _REPLICA = 0, 1
+ROUTERS = ("slack", "pow2", "round_robin", "pinned")  # pinned: every arrival to r000 (a hot-replica scenario)
+_ARRIVAL, _REPLICA, _LAND, _TICK = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,16 @@ class SimOutcome:
     steps: int
     sim_end_s: float
     per_replica_streams: dict[str, int] = field(default_factory=dict)
+    migration: ClusterMigration | None = None
 
 
 class Simulation:
     def __init__(self, setup: ReplicaSetup, num_replicas: int = 1, router: str = "slack",
                  router_config: SlackRouterConfig | None = None, stats_period_s: float = 0.5, checks: bool = True,
-                 integrity: bool = False, seed: int = 0) -> None:
+                 integrity: bool = False, seed: int = 0, migration: MigrationSettings | None = None,
+                 migration_link: MigrationLink | None = None, migration_on: bool = True) -> None:
+        """`migration`: run the central actor's table and relief policy (N > 1); `migration_on=False` feeds and
+        checks the table but moves nothing (the comparison run)."""
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas!r}")
         if router not in ROUTERS:
@@ -107,6 +116,16 @@ class Simulation:
             self.replicas.append(SimReplica(f"r{i:03d}", engine, runner, checker))
         self._heap: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, index, version)
         self._seq = 0
+        self.migration = None
+        if migration is not None:
+            if num_replicas < 2:
+                raise ValueError("migration: needs replicas >= 2")
+            self.migration = ClusterMigration([r.engine for r in self.replicas], [r.replica_id for r in self.replicas],
+                                              setup.info.kv_bytes_per_token, migration, migration_link, migration_on)
+        self._landing: dict[int, str] = {}  # event seq -> stream id whose KV lands then
+        self._heap_seq = 0  # the sequence number of the event being handled
+        self._total = 0
+        self._done = 0
 
     # ---- the loop ---------------------------------------------------------------------------------------------
     def run(self, requests: Sequence[RequestSpec], progress: Callable[[int, int], None] | None = None,
@@ -122,16 +141,25 @@ class Simulation:
         else:
             for req in requests:
                 self._push(req.arrival_s, _ARRIVAL, req.index)
+        self._total, self._done = len(requests), 0
+        if self.migration is not None and requests:
+            self._push(self.migration.settings.interval_s, _TICK, 0)
         by_index = {req.index: req for req in requests}
         steps = 0
         done = 0
         while self._heap:
-            t, kind, _, index, version = heapq.heappop(self._heap)
+            t, kind, self._heap_seq, index, version = heapq.heappop(self._heap)
             if t > max_sim_s:
                 raise RuntimeError(f"simulation passed {max_sim_s} s of virtual time with streams unfinished")
             self.clock.advance_to(t)
             if kind == _ARRIVAL:
                 self._route(by_index[index], t)
+                continue
+            if kind == _TICK:
+                self._tick(t)
+                continue
+            if kind == _LAND:
+                self._land(index, t)
                 continue
             replica = self.replicas[index]
             if version != replica.wake_version:
@@ -143,10 +171,11 @@ class Simulation:
                 progress(done, len(requests))
         records = [rec for r in self.replicas for rec in r.engine.finished_records]
         unfinished = sum(r.engine.has_unfinished() for r in self.replicas)
-        if unfinished:
-            raise RuntimeError(f"simulation ended with {unfinished} replicas holding unfinished streams")
+        if unfinished or (self.migration is not None and self.migration.busy):
+            raise RuntimeError(f"simulation ended with {unfinished} replicas holding unfinished streams"
+                               + (" and moves under way" if self.migration is not None and self.migration.busy else ""))
         return SimOutcome(records, self.replicas, time.perf_counter() - wall, steps, self.clock.now(),
-                          {r.replica_id: r.engine.stats().streams_finished for r in self.replicas})
+                          {r.replica_id: r.engine.stats().streams_finished for r in self.replicas}, self.migration)
 
     def _advance(self, index: int, now: float) -> int:
         """Finish the replica's step if it ends now, then start the next one. Returns the streams finished (-1:
@@ -162,6 +191,8 @@ class Simulation:
             replica.in_flight = None
             outputs = engine.finish_step(begun, result, now)
             finished = self._after(replica, begun.plan, result, outputs, now)
+        if self.migration is not None:  # between two steps: streams leave and enter here
+            self.migration.at_boundary(index, now, self._send)
         begun = engine.begin_step()
         if begun.plan is None:
             finished = max(finished, 0) + self._after(replica, None, None, begun.outputs, now)
@@ -185,7 +216,32 @@ class Simulation:
                 finished += 1
                 if len(self.replicas) > 1:
                     self.ledger.complete(o.stream_id, now)
+                if self.migration is not None:
+                    self.migration.finished(self.replicas.index(replica), o.stream_id)
+        self._done += finished
         return finished
+
+    # ---- migration ----------------------------------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        """The central actor's tick; a source with reliefs and no step running acts on them now. Ticks go on
+        while any stream is unfinished."""
+        mig = self.migration
+        mig.tick(now)
+        for i, orders in enumerate(mig.orders):
+            if orders and self.replicas[i].in_flight is None:
+                self._wake(i, now)
+        if self._done < self._total:
+            self._push(now + mig.settings.interval_s, _TICK, 0)
+
+    def _send(self, move: InTransit, arrival: float) -> None:
+        self._push(arrival, _LAND, move.target)
+        self._landing[self._seq] = move.exported.stream_id
+
+    def _land(self, index: int, now: float) -> None:
+        seq = self._heap_seq
+        target = self.migration.land(self._landing.pop(seq))
+        if self.replicas[target].in_flight is None:  # idle: it takes the stream now (else after its step)
+            self._wake(target, now)
 
     # ---- arrivals and routing ---------------------------------------------------------------------------------
     def _add(self, replica: SimReplica, req: RequestSpec) -> None:
@@ -203,11 +259,15 @@ class Simulation:
             rid = replica.replica_id
             self.ledger.book(f"req-{req.index}", rid, now, req.rate, req.prompt_len)
             self.ledger.accepted(f"req-{req.index}", rid)
+        if self.migration is not None:
+            self.migration.added(index, f"req-{req.index}", req.rate)
         if replica.in_flight is None:
             self._wake(index, now)
 
     def choose_replica(self, req: RequestSpec, now: float) -> int:
         n = len(self.replicas)
+        if self.router == "pinned":
+            return 0
         if self.router == "round_robin":
             self._rr = (self._rr + 1) % n
             return self._rr
