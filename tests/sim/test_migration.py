@@ -114,12 +114,40 @@ def test_a_move_costs_its_transfer_time_over_the_link():
     assert all(r.finished for r in outcome.records)
 
 
+def test_a_move_the_target_refuses_goes_back_to_its_source():
+    sim = _sim()
+    refused = []
+
+    def refuse(exported, elapsed_s=0.0, moved=True):
+        refused.append(exported.stream_id)
+        raise ValueError("no room")
+
+    for r in sim.replicas[1:]:
+        r.engine.import_stream = refuse
+    outcome = sim.run(_requests())
+    t = outcome.migration.totals
+    assert refused and t.taken_back == len(refused) and t.migrations == 0
+    assert outcome.per_replica_streams["r000"] == 30 and all(r.finished for r in outcome.records)
+    assert all(r.migrations == 0 for r in outcome.records)
+
+
 def test_without_moves_the_table_is_still_fed_and_nothing_leaves_the_hot_replica():
     outcome = _sim(on=False).run(_requests())
     t = outcome.migration.totals
     assert t.ticks > 0 and t.migrations == t.reliefs == 0
     assert outcome.per_replica_streams == {"r000": 30, "r001": 0, "r002": 0}
     assert all(r.migrations == 0 for r in outcome.records)
+
+
+def test_feeding_the_table_does_not_change_the_run():
+    """The comparison run (table fed and checked, nothing moved) is the run without the central actor at all."""
+    setup = gpu_replica_setup("4090", "llama3-8b", "tokenflow",
+                              cache_overrides={"num_device_blocks": 160, "num_host_blocks": 640})
+    plain = Simulation(setup, num_replicas=3, router="slack").run(_requests())
+    fed = Simulation(setup, num_replicas=3, router="slack", migration=SETTINGS, migration_on=False).run(_requests())
+    key = [(r.stream_id, r.token_times, r.preemptions) for r in plain.records]
+    assert key == [(r.stream_id, r.token_times, r.preemptions) for r in fed.records]
+    assert fed.migration.totals.ticks > 0
 
 
 def test_the_table_check_catches_a_stream_the_table_never_heard_of():
