@@ -208,7 +208,7 @@ def _migration(args: argparse.Namespace) -> int:
 
     cfg = MigrationBenchConfig(contexts=args.contexts, moves=args.moves, streams=args.streams,
                                max_tokens=args.max_tokens, rate=args.rate, rounds=args.rounds, seed=args.seed,
-                               timeout_s=args.timeout)
+                               timeout_s=args.timeout, move_waiting=args.move_waiting)
     report = run_migration_bench(cfg)
     print_table(report)
     write_json(args.json, report)
@@ -307,6 +307,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per arm; medians reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per round")
+    p.add_argument("--move-waiting", action="store_true", help="the policy also moves streams waiting to start")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(handler=_migration)
 

@@ -52,6 +52,7 @@ class MigrationBenchConfig:
     num_host_blocks: int = 2048
     max_num_seqs: int = 32
     timeout_s: float = 300.0
+    move_waiting: bool = False  # the policy also moves streams waiting to start (MigrationSettings.move_waiting)
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 2 or self.moves < 1:
@@ -143,7 +144,8 @@ def serve_configs(cfg: MigrationBenchConfig) -> tuple:
     common = dict(replicas=1, migration=True, central_app=HOT, policy=cfg.policy, num_cpus=1.0,
                   block_size=cfg.block_size, num_device_blocks=cfg.num_device_blocks,
                   num_host_blocks=cfg.num_host_blocks, max_num_seqs=cfg.max_num_seqs,
-                  expected_stream_tokens=cfg.prompt_len + cfg.max_tokens, images=False)
+                  expected_stream_tokens=cfg.prompt_len + cfg.max_tokens, migrate_waiting=cfg.move_waiting,
+                  images=False)
     return (ServeConfig(app_name=HOT, route_prefix=f"/{HOT}", **common),
             ServeConfig(app_name=COOL, route_prefix=f"/{COOL}", **common))
 

@@ -32,7 +32,8 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     """`routers` is the seam for extra routes; the image tokenizer's are added when config.images is set."""
     central = CentralSettings(config.central_actor_name, config.central_namespace,
                               register_grace_s=config.register_grace_s,
-                              migration=MigrationSettings() if config.migration_enabled else None)
+                              migration=MigrationSettings(move_waiting=config.migrate_waiting)
+                              if config.migration_enabled else None)
     adm = config.admission()
     direct = config.http == "direct"
     extra: list[Any] = []

@@ -229,7 +229,8 @@ class CentralScheduler:
                 continue
             self._relieving[relief.source] = mono
             self._orders.setdefault(relief.source, []).append(
-                RelieveOrder(relief.target, self.ports[relief.target], relief.rate, relief.max_streams, relief.reason))
+                RelieveOrder(relief.target, self.ports[relief.target], relief.rate, relief.max_streams, relief.reason,
+                             ms.move_waiting))
             wake = self._wake.get(relief.source)
             if wake is not None:
                 wake.set()

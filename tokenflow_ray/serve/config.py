@@ -98,6 +98,7 @@ class ServeConfig:
     # Live migration of paused streams between replicas (serve/stream_port.py): each replica keeps a port for
     # it. None: on when more than one replica can exist (replicas > 1, or autoscaling).
     migration: bool | None = None
+    migrate_waiting: bool = False  # the policy moves streams waiting to start too, after paused ones
 
     def __post_init__(self) -> None:
         if not self.policy:

@@ -56,3 +56,4 @@ class RelieveOrder:
     rate: float
     max_streams: int
     reason: str = "overloaded"
+    include_waiting: bool = False  # streams waiting to start may go too (MigrationSettings.move_waiting)

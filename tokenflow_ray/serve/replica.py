@@ -229,7 +229,8 @@ class LLMServer:
         """Move streams worth the order's rate to its target (migration_policy.pick_streams), all at once (each
         export waits only for its own copies)."""
         def pick() -> list[str]:  # engine thread
-            return pick_streams(self.engine.scheduler, self.engine.clock.now(), order.rate, order.max_streams)
+            return pick_streams(self.engine.scheduler, self.engine.clock.now(), order.rate, order.max_streams,
+                                order.include_waiting)
 
         sids = await self.aengine.call(pick)
         return list(await asyncio.gather(*(self._migrate_out(
