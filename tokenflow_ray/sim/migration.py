@@ -156,7 +156,7 @@ class ClusterMigration:
         self.landed[index].clear()
         for relief in self.orders[index]:
             target = self.ids.index(relief.target)
-            for sid in pick_streams(engine.scheduler, now, relief.rate, relief.max_streams):
+            for sid in self._pick(engine, now, relief):
                 engine.begin_export(sid)
                 self.exporting[index].append((sid, target))
         self.orders[index].clear()
@@ -176,6 +176,15 @@ class ClusterMigration:
             send(move, now + move.transfer_s)
         self.exporting[index] = waiting
         return imported
+
+    def _pick(self, engine: LLMEngine, now: float, relief: Relief) -> list[str]:
+        # serve/central.py passes MigrationSettings.move_waiting down with the order, serve/replica.py hands it to
+        # pick_streams. Until that setting exists (it is being added beside this), pick_streams moves waiting
+        # streams too, its default.
+        waiting = getattr(self.settings, "move_waiting", None)
+        if waiting is None:
+            return pick_streams(engine.scheduler, now, relief.rate, relief.max_streams)
+        return pick_streams(engine.scheduler, now, relief.rate, relief.max_streams, waiting)
 
     def _import(self, index: int, stream_id: str, forward: bool, now: float) -> int:
         move = self.in_transit[stream_id]
