@@ -178,13 +178,8 @@ class ClusterMigration:
         return imported
 
     def _pick(self, engine: LLMEngine, now: float, relief: Relief) -> list[str]:
-        # serve/central.py passes MigrationSettings.move_waiting down with the order, serve/replica.py hands it to
-        # pick_streams. Until that setting exists (it is being added beside this), pick_streams moves waiting
-        # streams too, its default.
-        waiting = getattr(self.settings, "move_waiting", None)
-        if waiting is None:
-            return pick_streams(engine.scheduler, now, relief.rate, relief.max_streams)
-        return pick_streams(engine.scheduler, now, relief.rate, relief.max_streams, waiting)
+        # serve/central.py passes MigrationSettings.move_waiting down with the order; serve/replica.py hands it on.
+        return pick_streams(engine.scheduler, now, relief.rate, relief.max_streams, self.settings.move_waiting)
 
     def _import(self, index: int, stream_id: str, forward: bool, now: float) -> int:
         move = self.in_transit[stream_id]
