@@ -185,3 +185,18 @@ def test_bad_migration_arguments_are_rejected(capsys):
         assert main([*argv, "--no-progress"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("tokenflow: error:") and "--migration" in err and "\n" not in err
+
+
+def test_the_cli_writes_both_runs_and_the_settings(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    assert main(["simulate", "--gpu", "4090", "--setup", "a", "--requests", "30", "--policy", "tokenflow",
+                 "--replicas", "3", "--router", "pinned", "--migration", "--migration-waiting",
+                 "--migration-interval", "0.5", "--json", str(path), "--no-progress"]) == 0
+    out = json.loads(path.read_text())
+    m = out["migration"]
+    assert m["settings"]["move_waiting"] is True and m["settings"]["interval_s"] == 0.5
+    assert m["link"] == {"bytes_s": 11e9, "latency_s": 5e-3}
+    assert out["setup"]["router"] == "pinned" and out["setup"]["replicas"] == 3
+    moved = m["policies"]["tokenflow"]
+    assert moved["migration"]["migrations"] == moved["stream_migrations"] > 0
+    assert "with migration:" in capsys.readouterr().out

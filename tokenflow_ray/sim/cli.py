@@ -126,7 +126,7 @@ def _migration_settings(args: argparse.Namespace):
         raise ValueError("--migration: only with a single setup run (not --table, --sweep, --ablation, validate, scale)")
     from tokenflow_ray.cluster.migration_policy import MigrationSettings
 
-    return MigrationSettings(interval_s=args.migration_interval)
+    return MigrationSettings(interval_s=args.migration_interval, move_waiting=args.migration_waiting)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -186,6 +186,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--migration", action="store_true",
                    help="with --replicas > 1: each policy also with the central actor's live migration")
     p.add_argument("--migration-interval", type=float, default=1.0, help="the migration tick, virtual s")
+    p.add_argument("--migration-waiting", action="store_true",
+                   help="streams waiting to start move too (MigrationSettings.move_waiting), not only paused ones")
     p.add_argument("--no-checks", action="store_true", help="skip the per-step conservation checks")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", default=None)
