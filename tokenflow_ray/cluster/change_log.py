@@ -7,6 +7,7 @@ batch is a full snapshot of the live streams instead, so the table is rebuilt fr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, merge_reports
@@ -66,3 +67,9 @@ class ChangeLog:
         self._full = False
         self._added, self._removed, self._reports = {}, [], {}
         return changes
+
+
+def paced_buffers(streams: Iterable, now: float) -> tuple[tuple[str, float], ...]:
+    """(stream id, reader buffer in seconds) of the paced streams that have started: what a replica's batch
+    carries as `buffers` (engine thread; the simulator sends the same)."""
+    return tuple((s.stream_id, s.buffer_s(now)) for s in streams if s.rate > 0 and s.reader.generated > 0)

@@ -103,6 +103,24 @@ def plan_relief(stats: Mapping[str, Mapping[str, float]], targets: Iterable[str]
     return reliefs
 
 
+class ReliefThrottle:
+    """A source just asked to relieve itself is left alone until its stats can show the effect: two ticks. The
+    central actor and the simulator filter plan_relief's output through one of these."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._asked: dict[str, float] = {}  # source -> when it was last asked
+
+    def admit(self, reliefs: Iterable[Relief], now: float) -> list[Relief]:
+        out = []
+        for relief in reliefs:
+            if now - self._asked.get(relief.source, float("-inf")) < 2 * self.interval_s:
+                continue
+            self._asked[relief.source] = now
+            out.append(relief)
+        return out
+
+
 def _device_full(row: Mapping[str, float], settings: MigrationSettings) -> bool:
     total = row.get("device_blocks_total", 0)
     return total > 0 and row.get("device_blocks_free", 0) <= settings.full_fraction * total

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 import ray
 
-from tokenflow_ray.cluster.migration_policy import MigrationSettings, Relief, choose_target, plan_relief
+from tokenflow_ray.cluster.migration_policy import (
+    MigrationSettings,
+    Relief,
+    ReliefThrottle,
+    choose_target,
+    plan_relief,
+)
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings
 from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder, Report
 
@@ -72,7 +78,7 @@ class CentralScheduler:
         self._taken: dict[str, asyncio.Event] = {}  # set when a replica takes the reports queued for it so far
         self._sweeper: asyncio.Task | None = None
         self._mover: asyncio.Task | None = None
-        self._relieving: dict[str, float] = {}  # source replica -> when it was last asked to relieve itself
+        self._throttle = ReliefThrottle(self.settings.migration.interval_s if self.settings.migration else 1.0)
         self.policy_on = True  # the migration policy acts (set_migration: benchmarks compare with and without)
         self.counts = {"batches": 0, "full_snapshots": 0, "reports_pushed": 0, "pushes": 0, "migrations": 0,
                        "migrations_failed": 0}
@@ -220,14 +226,11 @@ class CentralScheduler:
         ms = self.settings.migration
         if ms is None or not self.policy_on:
             return []
-        now, mono = time.time(), time.monotonic()
+        now = time.time()
         fresh = {rid: s["gauges"] for rid, (t, s) in self.replica_stats.items()
                  if now - t <= ms.stats_max_age_s and "gauges" in s}
         sent = []
-        for relief in plan_relief(fresh, self.ports, ms):
-            if mono - self._relieving.get(relief.source, -1e9) < 2 * ms.interval_s:
-                continue
-            self._relieving[relief.source] = mono
+        for relief in self._throttle.admit(plan_relief(fresh, self.ports, ms), time.monotonic()):
             self._orders.setdefault(relief.source, []).append(
                 RelieveOrder(relief.target, self.ports[relief.target], relief.rate, relief.max_streams, relief.reason,
                              ms.move_waiting))

@@ -23,7 +23,7 @@ import ray
 from ray import serve
 
 from tokenflow_ray.cluster.autoscaling import CRITICAL_BUFFER_S, ReplicaLoad, count_buffer_critical
-from tokenflow_ray.cluster.change_log import ChangeLog
+from tokenflow_ray.cluster.change_log import ChangeLog, paced_buffers
 from tokenflow_ray.cluster.migration_policy import pick_streams
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine, StreamMoved
@@ -381,9 +381,7 @@ class LLMServer:
             self.changes.need_full()
 
     def _buffers(self) -> tuple[tuple[str, float], ...]:  # engine thread
-        now = self.engine.clock.now()
-        return tuple((s.stream_id, s.buffer_s(now)) for s in self.engine.scheduler.streams.values()
-                     if s.rate > 0 and s.reader.generated > 0)
+        return paced_buffers(self.engine.scheduler.streams.values(), self.engine.clock.now())
 
     async def _routing_stats_loop(self) -> None:
         interval = self.settings.routing_stats_interval_s

@@ -24,8 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from tokenflow_ray.cluster.change_log import ChangeLog
-from tokenflow_ray.cluster.migration_policy import MigrationSettings, Relief, pick_streams, plan_relief
+from tokenflow_ray.cluster.change_log import ChangeLog, paced_buffers
+from tokenflow_ray.cluster.migration_policy import (
+    MigrationSettings,
+    Relief,
+    ReliefThrottle,
+    pick_streams,
+    plan_relief,
+)
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.cluster.stream_table import StreamTable
 from tokenflow_ray.engine.llm_engine import LLMEngine
@@ -100,7 +106,7 @@ class ClusterMigration:
         self.exporting: list[list[tuple[str, int]]] = [[] for _ in engines]  # (stream id, target) begun, not out
         self.in_transit: dict[str, InTransit] = {}  # exported, not yet imported (landed ones included)
         self.landed: list[list[tuple[str, bool]]] = [[] for _ in engines]  # (stream id, forward) to import here
-        self._relieving: dict[str, float] = {}  # source -> when it was last asked (central.relieve_now's rule)
+        self._throttle = ReliefThrottle(self.settings.interval_s)  # central.relieve_now's, the same class
         self.totals = MoveTotals()
 
     # ---- what each replica records (serve/replica.py's ChangeLog calls) ---------------------------------------
@@ -121,21 +127,15 @@ class ClusterMigration:
         if not self.enabled:
             return []
         gauges = {rid: replica_stats_from_engine(e, wall_time=now).gauges() for rid, e in zip(self.ids, self.engines)}
-        sent = []
-        for relief in plan_relief(gauges, self.ids, self.settings):
-            if now - self._relieving.get(relief.source, -1e18) < 2 * self.settings.interval_s:
-                continue
-            self._relieving[relief.source] = now
+        sent = self._throttle.admit(plan_relief(gauges, self.ids, self.settings), now)
+        for relief in sent:
             self.orders[self.ids.index(relief.source)].append(relief)
-            sent.append(relief)
         self.totals.reliefs += len(sent)
         return sent
 
     @staticmethod
     def _buffers(engine: LLMEngine, now: float) -> tuple[tuple[str, float], ...]:
-        # What serve/replica.py's _buffers sends: each running paced stream's reader buffer.
-        return tuple((s.stream_id, s.buffer_s(now)) for s in engine.scheduler.streams.values()
-                     if s.rate > 0 and s.reader.generated > 0)
+        return paced_buffers(engine.scheduler.streams.values(), now)  # what serve/replica.py sends
 
     # ---- a replica, between two of its steps ----------------------------------------------------------------------
     def land(self, stream_id: str) -> int:
