@@ -15,6 +15,7 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfmigrate"
+MAX_TOKENS = 384
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,9 @@ def _client(base: str) -> openai.OpenAI:
 
 
 def _request(**sampling) -> dict:
-    return dict(model="embedded", prompt="The reader moved to", max_tokens=96, stream=True,
+    # Long enough that the engine (a few ms a token for one stream here) is still generating when the move order
+    # arrives (the central actor hears of a new stream within its 0.2 s registration batch).
+    return dict(model="embedded", prompt="The reader moved to", max_tokens=MAX_TOKENS, stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True, "consumption_rate": 40.0}, **sampling)
 
@@ -75,10 +78,10 @@ def test_a_stream_moved_mid_read_is_one_stream_with_the_unmoved_text(migrate_app
     client = _client(base)
     reference, _, ref_tokens, _ = _read(client, **sampling)
     moved_text, ids, tokens, result = _read(client, move=lambda sid: central.migrate.remote(sid), **sampling)
-    assert result is not None and result["moved"], result
+    assert result is not None and result["moved"], str(result)
     assert result["source"] != result["target"] and result["kv_tokens"] > 0  # the KV travelled
     assert len(ids) == 1  # one completion id throughout
-    assert tokens == ref_tokens == 96
+    assert tokens == ref_tokens == MAX_TOKENS
     assert moved_text == reference
 
 
