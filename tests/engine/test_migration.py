@@ -152,6 +152,12 @@ def test_import_validates_and_times_move_onto_the_new_clock():
     small, _ = make_fake_engine(num_blocks=2, block_size=4, num_host_blocks=4, max_model_len=8)
     sid2 = src.add_request(_prompt(7, 6), SamplingParams(max_tokens=20))
     _step(src, tokens, 4)
+    refused = _export(src, sid2, tokens)
     with pytest.raises(ValueError, match="context limit"):
-        small.import_stream(_export(src, sid2, tokens))
+        small.import_stream(refused)
+    times = list(refused.record.token_times)
+    src.add_request(_prompt(8, 6), SamplingParams(max_tokens=5), stream_id=sid2)
+    with pytest.raises(ValueError, match="already live"):
+        src.import_stream(refused)  # its id is taken there now
+    assert refused.record.token_times == times and refused.record.migrations == 0  # the export is left as it was
     assert small.scheduler.kv.host.num_free == 4  # nothing kept by the refused import

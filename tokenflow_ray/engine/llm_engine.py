@@ -214,7 +214,7 @@ class LLMEngine:
         or None while it cannot leave yet (its tail copy or a load is in flight: call again after a step)."""
         self._settle()
         stream = self.scheduler.streams.get(stream_id)
-        if stream is None or stream_id not in self.scheduler._leaving:
+        if stream is None or not self.scheduler.is_leaving(stream_id):
             raise StreamNotExportable(f"stream {stream_id!r} is unknown, finished or not being exported")
         if stream.status == StreamStatus.RUNNING:  # was loading when the export began
             self.scheduler.preempt(stream_id, self.clock.now(), to_host=True)
@@ -254,12 +254,11 @@ class LLMEngine:
             raise ValueError(f"import: {exported.num_tokens} tokens leave no room within this engine's context "
                              f"limit of {self.max_total_tokens}")
         stream.output_token_ids = list(exported.output_token_ids)
+        self.scheduler.check_admissible(stream)  # before anything of the export is changed: a refusal leaves it as is
         stream.last_preempted_at = exported.last_preempted_at + shift
         exported.reader.shifted(shift)
         exported.record.shifted(shift)
         stream.reader, stream.record = exported.reader, exported.record
-        if moved:
-            stream.record.record_migration()
         same_layout = exported.block_size == self.pool.block_size
         host_ids = self.scheduler.adopt(stream, exported.num_kv_tokens if same_layout else 0)
         try:
@@ -270,6 +269,8 @@ class LLMEngine:
         except Exception:
             self.scheduler.finish(sid, StreamStatus.FINISHED_ABORTED, now)  # frees the host blocks it was given
             raise
+        if moved:
+            stream.record.record_migration()
         if self._decoders is not None:
             state = _TextState(self._decoders.new(), StopMatcher(exported.sampling.stop))
             if exported.text_state is not None:

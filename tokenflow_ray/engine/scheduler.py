@@ -115,6 +115,9 @@ class Scheduler:
             raise StreamNotExportable(f"stream {stream_id!r} is unknown or finished")
         self._leaving.add(stream_id)
 
+    def is_leaving(self, stream_id: str) -> bool:
+        return stream_id in self._leaving
+
     def cancel_export(self, stream_id: str) -> None:
         self._leaving.discard(stream_id)
 
