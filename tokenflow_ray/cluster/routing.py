@@ -3,9 +3,11 @@
 Every replica is priced in seconds, so the terms add up and heterogeneous replicas compare fairly:
 
     score = ttft + slack_stall + overload + memory + utilisation
-    ttft        = the step in progress at the replica's running batch + what is left of the prefill queued there
-                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + this
-                  stream's own prefill (the replica's cost model prices each)
+    ttft        = the step in progress at the replica's running batch + what is left of the prefill work queued
+                  there: the stats' queue at their time, then each stream this router booked there since (its
+                  prompt's prefill, from when it was booked), worked one after another and drained by the time
+                  since (stats are 0.3-1.5 s old when read) + this stream's own prefill (the replica's cost model
+                  prices each)
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
                   below its buffer slack" costs when it cannot be avoided)
@@ -35,6 +37,16 @@ deterministic. Counts and demand, not headroom Γ − D nor D/Γ: Γ is an estim
 estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale), which would hand one replica 6 of 8
 identical streams; capacity differences still count through the score's utilisation term and, near Γ, the
 overload term.
+
+Booked prefills are priced at the cheapest prefill cost among the candidates, not each replica's own: a booking's
+prompt is work known to be on its way, but a replica that has not stepped since it started still reports its
+cost model's priors (2.5x the learned costs here), and priced at those, 17 short streams booked on it over 0.8 s
+looked like 0.3 s of queue while its twin's learned costs put its own at nothing: the next 7 streams herded onto
+the twin. At the cheapest cost the booked work itself, not the estimate, tells replicas apart. Unpriced (the old
+rule), bookings only counted ahead for `starting_s`, so streams arriving a few tenths of a second apart balanced
+by count and stacked behind a replica's 1500-token prefill (0.3-0.5 s) while the other replica was free: every
+one of them got a slow first token. A booking counts ahead while it may still be starting or while its modelled
+prefill runs.
 
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
@@ -108,6 +120,29 @@ class ReplicaScore:
     last_booked_at: float  # this router's latest booking there
 
 
+@dataclass(frozen=True)
+class PrefillCost:
+    """A prefill price: the step's fixed cost once per chunk plus a cost per token (the replicas' cost model form)."""
+
+    fixed_s: float
+    per_token_s: float
+    chunk_tokens: int
+
+    @classmethod
+    def of(cls, stats: ReplicaStats) -> PrefillCost:
+        return cls(stats.prefill_fixed_s, stats.prefill_s_per_token, stats.prefill_chunk_tokens)
+
+    @classmethod
+    def cheapest(cls, stats: list[ReplicaStats]) -> PrefillCost:
+        """The least fixed and per-token costs among `stats` (each its own minimum), the smallest chunk."""
+        return cls(min(s.prefill_fixed_s for s in stats), min(s.prefill_s_per_token for s in stats),
+                   min(s.prefill_chunk_tokens for s in stats))
+
+    def seconds(self, num_tokens: int) -> float:
+        chunks = math.ceil(num_tokens / self.chunk_tokens) if num_tokens > 0 else 0
+        return chunks * self.fixed_s + num_tokens * self.per_token_s
+
+
 def prefill_queue(stats: ReplicaStats, now: float) -> tuple[float, int]:
     """(seconds until the prefills the snapshot showed waiting are done, how many are still to start) at `now`.
 
@@ -121,11 +156,36 @@ def prefill_queue(stats: ReplicaStats, now: float) -> tuple[float, int]:
     return left, math.ceil(stats.num_waiting * left / stats.queued_prefill_s - 1e-9)  # pro rata, less a hair
 
 
+def prefill_backlog(stats: ReplicaStats, inflight: InflightLoad, cfg: SlackRouterConfig, now: float | None,
+                    booked_cost: PrefillCost | None = None) -> tuple[float, int]:
+    """(seconds until the replica's known prefill work is done, streams still to start before a newcomer).
+
+    The stats' queue (prefill_queue), then each pending booking's prefill (`booked_cost`; None: the replica's own
+    cost model), started when it was booked or when the work before it is done, whichever is later. A booking is
+    ahead while it may still be starting (`starting_s`) or its prefill is not done. `now` None: the snapshot's
+    own time, nothing drained and every booking queued and ahead.
+    """
+    cost = PrefillCost.of(stats) if booked_cost is None else booked_cost
+    if now is None:
+        _, ahead = prefill_queue(stats, stats.computed_at)
+        return stats.queued_prefill_s + sum(cost.seconds(n) for n in inflight.prompt_tokens), \
+            ahead + len(inflight.pending)
+    _, ahead = prefill_queue(stats, now)
+    busy = min(stats.computed_at, now) + stats.queued_prefill_s  # when the stats' queue is (was) done
+    for booked_at, tokens in sorted(inflight.pending):  # re-booked ones may be out of order
+        busy = max(busy, booked_at) + cost.seconds(tokens)
+        if now - booked_at < cfg.starting_s or busy > now:
+            ahead += 1
+    return max(0.0, busy - now), ahead
+
+
 def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, new: NewStream,
-                  cfg: SlackRouterConfig, now: float | None = None) -> ReplicaScore:
-    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting."""
-    wait, ahead = prefill_queue(stats, stats.computed_at if now is None else now)
-    ahead += sum(1 for booked_at, _ in inflight.pending if now is None or now - booked_at < cfg.starting_s)
+                  cfg: SlackRouterConfig, now: float | None = None,
+                  booked_cost: PrefillCost | None = None) -> ReplicaScore:
+    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting.
+    `booked_cost`: the price of the booked streams' prefills (None: the replica's own; rank_replicas passes the
+    candidates' cheapest)."""
+    wait, ahead = prefill_backlog(stats, inflight, cfg, now, booked_cost)
     ttft = stats.decode_step_s + wait + stats.prefill_s(new.prompt_tokens)
     stall = 0.0 if stats.min_buffer_s is None else max(0.0, ttft - stats.min_buffer_s)
     demand = max(0.0, stats.demand_rate + inflight.rate) + new.rate  # departures can undercut stale stats
@@ -152,7 +212,8 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
             return inflight.get(rid, InflightLoad()).count + (0 if s is None else s.num_live)
 
         return sorted(stats, key=lambda rid: (count(rid), inflight.get(rid, InflightLoad()).last_booked_at, rid))
-    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
+    cheapest = PrefillCost.cheapest([s for s in stats.values() if s is not None]) if stats else None
+    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now, cheapest)
                         for rid, s in stats.items() if s is not None),
                        key=lambda r: (r.score_s, r.replica_id))
     order: list[str] = []
