@@ -16,7 +16,31 @@ def test_the_burst_is_seeded_mixed_and_within_its_window():
     assert len({len(s.prompt) for s in specs}) > 3  # prompt lengths vary too
 
 
+def test_the_prompt_mix_is_seeded_and_leaves_the_rest_of_the_burst_alone():
+    cfg = RoutingBenchConfig(streams=40, long_prompt_share=0.25, long_prompt_tokens=800)
+    specs, short = cfg.specs(), RoutingBenchConfig(streams=40, long_prompt_share=0.0).specs()
+    long = cfg.long_prompts()
+    assert len(long) == 10 and long == cfg.long_prompts()
+    assert all(400 <= n <= 1200 for n in long.values())
+    for i, (a, b) in enumerate(zip(specs, short)):
+        assert (a.rate, a.max_tokens, a.start_s) == (b.rate, b.max_tokens, b.start_s)  # only prompts differ
+        if i in long:  # a long context of the drawn length (byte-level tokens), the short question after it
+            assert len(a.prompt.encode()) == long[i] and a.prompt.endswith(b.prompt)
+        else:
+            assert a.prompt == b.prompt and len(a.prompt) < 130
+    mix = cfg.prompt_mix()
+    assert mix["long_streams"] == 10 and mix["prompt_tokens_max"] == max(long.values())
+    assert mix["prompt_tokens_total"] == sum(len(s.prompt) for s in specs)
+    assert RoutingBenchConfig(streams=40, long_prompt_share=0.0).prompt_mix()["long_streams"] == 0
+    assert RoutingBenchConfig(streams=40, seed=3).long_prompts() != cfg.long_prompts()
+
+
 def test_config_checks_and_one_app_per_router():
+    for bad in ({"long_prompt_share": 1.5}, {"long_prompt_share": -0.1}, {"long_prompt_tokens": 0},
+                {"long_prompt_tokens": 1400}):  # 1.5x 1400 + 1.5x 192 > the model's 2048 positions
+        with pytest.raises(ValueError, match="long_prompt"):
+            RoutingBenchConfig(**bad)
+    assert RoutingBenchConfig(long_prompt_share=0.0, long_prompt_tokens=1400).long_prompts() == {}
     for bad in ({"routers": ("nope",)}, {"routers": ()}, {"streams": 0}, {"rate": 0}):
         with pytest.raises(ValueError):
             RoutingBenchConfig(**bad)

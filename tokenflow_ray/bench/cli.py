@@ -191,7 +191,8 @@ def _routing(args: argparse.Namespace) -> int:
 
     cfg = RoutingBenchConfig(streams=args.streams, max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
                              replicas=args.replicas, rounds=args.rounds, seed=args.seed, routers=args.routers,
-                             cpus_per_replica=args.cpus_per_replica, timeout_s=args.timeout)
+                             cpus_per_replica=args.cpus_per_replica, timeout_s=args.timeout,
+                             long_prompt_share=args.long_prompt_share, long_prompt_tokens=args.long_prompt_tokens)
     report, runs = run_routing_bench(cfg)
     print_table(report)
     if args.plots:
@@ -293,6 +294,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
+    p.add_argument("--long-prompt-share", type=float, default=0.15,
+                   help="share of streams with a long context prompt (seeded; 0: short prompts only)")
+    p.add_argument("--long-prompt-tokens", type=int, default=1024,
+                   help="mean long prompt length in tokens (each 0.5x-1.5x)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", default="out/routing", metavar="DIR", help="where routing.png goes ('' for none)")
     p.set_defaults(handler=_routing)

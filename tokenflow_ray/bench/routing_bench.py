@@ -8,6 +8,15 @@ median over rounds, with every round kept in the JSON. The burst mixes reading r
 a router that balances stream counts (Serve's) and one that balances demand against capacity and buffer slack
 (ours) only differ when streams differ.
 
+Prompt lengths are a seeded mix: most are short chat turns (~40-120 bytes, the embedded tokenizer is byte-level so
+about as many tokens), and `long_prompt_share` of the streams carry a long context (a document or a conversation's
+history) of `long_prompt_tokens` x [0.5, 1.5] tokens. Real traffic mixes both (RAG and multi-turn chat put
+hundreds to thousands of tokens before a short question), and that is where placement decides first-token
+latency: a long prefill holds its replica's steps for a few tenths of a second here, and every stream placed
+behind it waits. The default, 15% at 1024 (512-1536 tokens: with 1.5x of the outputs, within the embedded model's
+2048 positions), is a modest share of long contexts. `long_prompt_share=0` is the homogeneous burst of short
+prompts, where the routers differ by demand alone (the workload of earlier runs, drawn identically).
+
 Streams per replica are counted by the replicas themselves (ReplicaStats.admitted_total before and after, through
 the central actor's stats); the central actor's view of which replica each live stream is on, sampled while the
 burst runs, gives the per-replica time series of the PNG.
@@ -44,10 +53,21 @@ class RoutingBenchConfig:
     num_host_blocks: int = 1024
     timeout_s: float = 240.0  # per run
     sample_s: float = 0.2
+    long_prompt_share: float = 0.15  # streams with a long context (round(share x streams) of them, seeded)
+    long_prompt_tokens: int = 1024  # their mean prompt length; each draws [0.5x, 1.5x]
 
     def __post_init__(self) -> None:
         if min(self.streams, self.max_tokens, self.replicas, self.rounds) <= 0 or self.rate <= 0:
             raise ValueError("streams, max_tokens, replicas, rounds and rate must be positive")
+        if not 0.0 <= self.long_prompt_share <= 1.0:
+            raise ValueError(f"long_prompt_share: must be in [0, 1], got {self.long_prompt_share!r}")
+        if isinstance(self.long_prompt_tokens, bool) or not isinstance(self.long_prompt_tokens, int) \
+                or self.long_prompt_tokens < 1:
+            raise ValueError(f"long_prompt_tokens: must be an int >= 1, got {self.long_prompt_tokens!r}")
+        longest = self.long_prompt_tokens * 3 // 2 + round(self.max_tokens * 1.5) + 1  # + BOS
+        if self.long_prompt_share > 0 and longest > MODEL_POSITIONS:
+            raise ValueError(f"long_prompt_tokens: 1.5x of it plus 1.5x of max_tokens ({longest} tokens) exceeds the "
+                             f"embedded model's {MODEL_POSITIONS} positions")
         if not self.routers or any(r not in ROUTERS for r in self.routers):
             raise ValueError(f"routers: any of {', '.join(ROUTERS)}, got {self.routers!r}")
         for r in self.routers:
@@ -60,16 +80,46 @@ class RoutingBenchConfig:
                            num_host_blocks=self.num_host_blocks, expected_stream_tokens=64 + self.max_tokens,
                            images=False)
 
+    def long_prompts(self) -> dict[int, int]:
+        """Stream index -> its long prompt's length in tokens (bytes), for the seeded long-context share. Its own
+        generator, so the rest of the burst (rates, outputs, arrivals) is the same at every share."""
+        rng = random.Random(f"long-prompts-{self.seed}")
+        chosen = sorted(rng.sample(range(self.streams), round(self.long_prompt_share * self.streams)))
+        return {i: max(1, round(self.long_prompt_tokens * rng.uniform(0.5, 1.5))) for i in chosen}
+
     def specs(self) -> list[StreamSpec]:
         rng = random.Random(self.seed)
+        long = self.long_prompts()
         out = []
         for i in range(self.streams):
             words = rng.randint(2, 16)  # prompts of ~40-120 bytes
-            topic = " ".join(rng.choice(("sea", "wind", "ships", "stars", "rain", "maps")) for _ in range(words))
-            out.append(StreamSpec(f"Reader {i:03d}: tell me about {topic}.",
-                                  max_tokens=max(1, round(self.max_tokens * rng.uniform(0.5, 1.5))),
+            topic = " ".join(rng.choice(WORDS) for _ in range(words))
+            question = f"Reader {i:03d}: tell me about {topic}."
+            prompt = _document(long[i] - len(question) - 1, i) + " " + question if i in long else question
+            out.append(StreamSpec(prompt, max_tokens=max(1, round(self.max_tokens * rng.uniform(0.5, 1.5))),
                                   rate=self.rate * rng.choice((0.25, 1.75)), start_s=rng.uniform(0, self.burst_s)))
         return out
+
+    def prompt_mix(self) -> dict:
+        """What the JSON reports of the prompt lengths (bytes = tokens for the byte-level tokenizer)."""
+        lengths = sorted(len(s.prompt.encode()) for s in self.specs())
+        return {"long_streams": len(self.long_prompts()), "prompt_tokens_p50": statistics.median(lengths),
+                "prompt_tokens_max": lengths[-1], "prompt_tokens_total": sum(lengths)}
+
+
+WORDS = ("sea", "wind", "ships", "stars", "rain", "maps")
+MODEL_POSITIONS = 2048  # the embedded model's max_position_embeddings (models/embedded.py)
+
+
+def _document(num_bytes: int, seed: int) -> str:
+    """A seeded context of exactly `num_bytes` ASCII bytes (at least one): the long part of a long prompt."""
+    rng = random.Random(f"document-{seed}")
+    parts: list[str] = []
+    size = 0
+    while size <= num_bytes:  # the join is size - 1 bytes long
+        parts.append(rng.choice(WORDS))
+        size += len(parts[-1]) + 1
+    return " ".join(parts)[:max(1, num_bytes)]
 
 
 @dataclass
@@ -176,7 +226,7 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
         finally:
             for sc in configs.values():
                 undeploy(sc)
-    report = {"workload": {**asdict(cfg), "routers": list(cfg.routers)}, "order": order,
+    report = {"workload": {**asdict(cfg), "routers": list(cfg.routers), **cfg.prompt_mix()}, "order": order,
               "routers": {r: _median_summary(rs) for r, rs in runs.items()},
               "wall_s": time.monotonic() - started}
     return report, runs
@@ -184,7 +234,8 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
 
 def print_table(report: dict) -> None:
     w = report["workload"]
-    print(f"{w['streams']} streams over {w['replicas']} replicas, median of {w['rounds']} rounds")
+    print(f"{w['streams']} streams over {w['replicas']} replicas ({w['long_streams']} with long prompts of "
+          f"~{w['long_prompt_tokens']} tokens), median of {w['rounds']} rounds")
     print(f"{'router':>8} {'eff tok/s':>10} {'raw tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'stall s':>8}  "
           "per replica")
     for name, r in report["routers"].items():
