@@ -26,8 +26,11 @@ def ray_instance():
     """Start Ray once (4 logical CPUs: Train workers, Data actors and Serve replicas share 2 cores here)."""
     import ray
 
+    from tokenflow_ray.serve.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+
     started = not ray.is_initialized()
     if started:
+        os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # Serve's proxies as `tokenflow serve` has them
         ray.init(num_cpus=4, include_dashboard=False, namespace=f"t{os.getpid()}", log_to_driver=False,
                  object_store_memory=512 << 20)
     yield ray

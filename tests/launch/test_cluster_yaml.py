@@ -54,6 +54,17 @@ def test_every_node_installs_this_package(raw):
     assert any(f"{mount}[gpu]" in c for c in gpu_setup)
 
 
+def test_every_nodes_proxy_answers_for_a_lost_replica(raw):
+    """Ray starts each node's Serve proxy with the environment of its `ray start`: the callback must be there."""
+    from tokenflow_ray.serve.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV, proxy_middlewares
+
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        (start,) = [c for c in raw[key] if "ray start" in c]
+        assert f"{PROXY_CALLBACK_ENV}={PROXY_CALLBACK} ray start" in start, start
+    assert f"ENV {PROXY_CALLBACK_ENV}={PROXY_CALLBACK}" in (ROOT / "deploy/Dockerfile").read_text()
+    assert len(proxy_middlewares()) == 1  # the import path resolves to Serve's callback shape
+
+
 def test_the_serve_app_fits_the_gpu_worker(raw):
     """The RayService's GPU replica (num_gpus, num_cpus) fits one gpu_worker, and the workers hold max_replicas."""
     from tokenflow_ray.serve.config import ServeConfig

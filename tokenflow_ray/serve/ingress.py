@@ -6,9 +6,9 @@
   engine and the socket, and a report is applied where its stream runs.
 - ingress: a separate OpenAIIngress deployment answers HTTP and calls the replicas through a handle. One more hop
   and process, and in exchange the ingress outlives a replica: a replica that dies before a stream's first token is
-  answered 503 `replica_unavailable` instead of a dropped connection, and one that dies mid-stream gives its streams
-  an error event and `[DONE]` (errors.py). Direct mode gives the same answers for every failure inside a live
-  replica; a dead replica's streams there see their connection end, as with any single-process server.
+  answered 503 `replica_unavailable`, and one that dies mid-stream gives its streams an error event and `[DONE]`
+  (errors.py). Direct mode gives the same answers for every failure inside a live replica, and for a dead one
+  Serve's proxy gives them (serve/proxy_guard.py, installed where this package starts Ray or by cluster.yaml).
 
 Both build the same routes (`make_http_class`) over two backends: the handle (`IngressBackend`) and the replica
 itself (`LLMServer`'s `_open_stream` and friends, replica.py).

@@ -24,12 +24,22 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def init_ray(num_cpus: int | None = None) -> bool:
-    """Join RAY_ADDRESS if set, else start a local instance; True if this call started Ray."""
+def set_ray_env_defaults() -> None:
+    """What a Ray instance started from this process should run with (its raylet and workers inherit the
+    environment of the process that starts it; a variable already set wins)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray starts workers at nice 15 so drivers stay responsive; here a worker is the serving engine and the driver
-    # is the load generator, which must not outrank it (a local raylet reads this when ray.init starts it).
+    # is the load generator, which must not outrank it.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    # Serve's proxies answer for a replica that dies under a request (direct placement: serve/proxy_guard.py).
+    from tokenflow_ray.serve.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+
+
+def init_ray(num_cpus: int | None = None) -> bool:
+    """Join RAY_ADDRESS if set, else start a local instance; True if this call started Ray."""
+    set_ray_env_defaults()
     import ray
 
     if ray.is_initialized():
