@@ -291,6 +291,10 @@ class LLMEngine:
     def get_stream(self, stream_id: str) -> Stream | None:
         return self.scheduler.streams.get(stream_id) or self._future.get(stream_id)
 
+    def live_stream_ids(self) -> set[str]:
+        """Every stream this engine holds: in its scheduler, or accepted to arrive at a later time."""
+        return set(self.scheduler.streams) | set(self._future)
+
     # ---- one step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StreamOutput]:
         if self.config.overlap_scheduling or self._inflight is not None:

@@ -215,7 +215,7 @@ class ClusterMigration:
         places every live stream at its owner, and a stream in transit at its source until it lands."""
         self.table.check_integrity()
         for i, engine in enumerate(self.engines):
-            live = set(engine.scheduler.streams) | set(engine._future)
+            live = engine.live_stream_ids()
             if set(self.logs[i].live) != live:
                 raise AssertionError(f"{self.ids[i]} at {now:.3f}: change log {len(self.logs[i].live)} streams, "
                                      f"engine {len(live)}: {sorted(live ^ set(self.logs[i].live))[:5]}")
