@@ -161,3 +161,34 @@ def test_import_validates_and_times_move_onto_the_new_clock():
         src.import_stream(refused)  # its id is taken there now
     assert refused.record.token_times == times and refused.record.migrations == 0  # the export is left as it was
     assert small.scheduler.kv.host.num_free == 4  # nothing kept by the refused import
+
+
+def test_a_stream_paused_by_recompute_is_picked_as_paused_and_moves_with_its_tokens():
+    """fcfs without a host store pauses by recompute (WAITING with output): the relief picks such a stream with the
+    paused ones, not with the streams waiting to start, and the target recomputes it to the same tokens."""
+    from tokenflow_ray.cluster.migration_policy import pick_streams
+
+    src, runner = make_fake_engine(num_blocks=10, block_size=8, num_host_blocks=0, policy="fcfs")
+    dst, _ = make_fake_engine(num_blocks=32, block_size=8, num_host_blocks=0, policy="fcfs")
+    prompts = {}
+    for i in range(3):
+        prompts[src.add_request(_prompt(i, 9), SamplingParams(max_tokens=30))] = _prompt(i, 9)
+        src.clock.advance(0.01)
+    tokens: dict[str, list[int]] = {}
+    for _ in range(200):
+        _step(src, tokens)
+        paused = [s for s in src.scheduler.streams.values()
+                  if s.status == StreamStatus.WAITING and s.num_output_tokens]
+        if paused:
+            break
+    assert paused, "no stream was paused by recompute"
+    sid = paused[0].stream_id
+    assert pick_streams(src.scheduler, src.clock.now(), rate=1e9, max_streams=8, include_waiting=False) == [sid]
+    exported = _export(src, sid, tokens)
+    assert exported.kv is None and exported.num_kv_tokens == 0  # only its tokens travel
+    dst.import_stream(exported)
+    _run_all(dst, tokens)
+    _run_all(src, tokens)
+    for s, prompt in prompts.items():
+        assert tokens[s] == runner.reference(prompt, 30), s
+    assert dst.finished_records[-1].stream_id == sid and dst.finished_records[-1].migrations == 1

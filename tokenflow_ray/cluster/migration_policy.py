@@ -128,15 +128,17 @@ def _device_full(row: Mapping[str, float], settings: MigrationSettings) -> bool:
 
 def pick_streams(scheduler, now: float, rate: float, max_streams: int, include_waiting: bool = True) -> list[str]:
     """The source's side of a relief: streams worth `rate` tokens/s of declared demand, at most max_streams,
-    that can leave now. Paused ones first, the least buffered first (they would stall soonest here; their KV is
-    in the host store and moves with them), then streams still waiting to start, oldest first (nothing to copy:
-    they start sooner where there is room)."""
-    live = scheduler.streams.values()
-    paused = sorted((s for s in live if s.status == StreamStatus.PREEMPTED and scheduler.exportable(s.stream_id)),
+    that can leave now. Paused ones first, the least buffered first: they would stall soonest here. A stream
+    paused to the host store takes its KV along; one paused by recompute (WAITING with output: fcfs and andes
+    pause that way, and so does tokenflow when recompute is sooner) takes only its tokens and is recomputed where
+    there is room, as it would have been here. Then, if `include_waiting`, streams still waiting to start, oldest
+    first (nothing to copy: they start sooner where there is room)."""
+    live = [s for s in scheduler.streams.values() if scheduler.exportable(s.stream_id)]
+    paused = sorted((s for s in live if s.status == StreamStatus.PREEMPTED
+                     or (s.status == StreamStatus.WAITING and s.num_output_tokens)),
                     key=lambda s: (s.buffer_s(now), s.stream_id))
     waiting = sorted((s for s in live if s.status == StreamStatus.WAITING and not s.num_output_tokens
-                      and include_waiting and scheduler.exportable(s.stream_id)),
-                     key=lambda s: (s.arrival_time, s.stream_id))
+                      and include_waiting), key=lambda s: (s.arrival_time, s.stream_id))
     chosen: list[str] = []
     total = 0.0
     for s in paused + waiting:
