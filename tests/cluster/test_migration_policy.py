@@ -79,3 +79,26 @@ def test_repeated_relief_converges_without_moving_back():
             stats[r.target]["sum_rate"] += r.rate
     assert not moved_back
     assert abs(stats["a"]["sum_rate"] - stats["b"]["sum_rate"]) < 1.0
+
+
+def test_a_drain_spreads_every_stream_by_declared_rate_deterministically():
+    from tokenflow_ray.cluster.migration_policy import plan_drain
+
+    summary = {"a": {"sum_rate": 10.0, "streams": 1}, "b": {"sum_rate": 0.0, "streams": 0}}
+    streams = {"s1": 5.0, "s2": 20.0, "s3": 5.0, "s4": 0.0}
+    plan = plan_drain(streams, summary, ["b", "a"])
+    assert plan == [("s2", "b"), ("s1", "a"), ("s3", "a"), ("s4", "b")]  # b 20, a 10+5+5=20, then fewer streams
+    assert plan_drain(streams, summary, []) == []
+    assert plan_drain({}, summary, ["a"]) == []
+    assert sorted(s for s, _ in plan_drain(streams, {}, ["c"])) == sorted(streams)  # unknown target: empty
+
+
+def test_serve_instance_details_name_the_stopping_replicas():
+    from tokenflow_ray.serve.serve_replicas import replicas_in_state
+
+    details = {"applications": {"app": {"deployments": {
+        "LLMServer": {"replicas": [{"replica_id": "r1", "state": "RUNNING"}, {"replica_id": "r2", "state": "STOPPING"}]},
+        "OpenAIIngress": {"replicas": [{"replica_id": "i1", "state": "STOPPING"}]}}}, "other": {}}}
+    assert replicas_in_state(details) == {"r2", "i1"}
+    assert replicas_in_state(details, "RUNNING") == {"r1"}
+    assert replicas_in_state({}) == set()

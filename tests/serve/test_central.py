@@ -229,3 +229,43 @@ def test_the_migration_policy_sends_reliefs_and_moves_redirect_reports():
     assert move_order == [MoveOrder("s1", "cool", "port-cool", "requested")]
     assert result["moved"] and owner == "cool"
     assert cool_reports == [Report("s1", rate=9.0)]  # the report queued for the old owner followed the stream
+
+
+def test_a_replica_serve_is_stopping_is_drained_and_takes_no_streams():
+    from tokenflow_ray.serve.messages import MoveOrder
+
+    async def run():
+        central = _central(poll_s=0.05)
+        await _register(central, "old", "a", rate=30.0)
+        await _register(central, "old", "b", rate=10.0)
+        await _register(central, "old", "c", rate=20.0)
+        await _register(central, "x", "x1", rate=15.0)
+        await _register(central, "y")
+        for rid in ("old", "x", "y"):
+            await central.register_port(rid, f"port-{rid}")
+        plan = await central.drain("old")
+        await asyncio.sleep(0.01)
+        orders = await central.wait_reports("old")
+        again = await central.drain("old")  # moves under way are not asked twice
+        # A drained replica takes nothing: a manual move off another replica goes elsewhere.
+        move = asyncio.create_task(central.migrate("x1"))
+        await asyncio.sleep(0.01)
+        x_orders = await central.wait_reports("x")
+        await central.move_result("x1", {"moved": True, "source": "x", "target": "y"})
+        await move
+        for sid, target in plan:
+            await central.move_result(sid, {"moved": True, "source": "old", "target": target, "reason": "drain"})
+        await asyncio.sleep(0.01)
+        owners = {sid: central.table.owner(sid) for sid in "abc"}
+        draining = set(central.draining)
+        await central.drop_replica("old")  # Serve stopped it
+        return plan, orders, again, x_orders, owners, draining, central.draining
+
+    plan, orders, again, x_orders, owners, draining, after = asyncio.run(run())
+    # Fastest first, each to the least loaded so far: a (30) to y (0), c (20) to x (15 -> 35 after), b to y (30).
+    assert plan == [("a", "y"), ("c", "x"), ("b", "y")]
+    assert orders == [MoveOrder(s, t, f"port-{t}", "drain") for s, t in plan]
+    assert again == []
+    assert x_orders == [MoveOrder("x1", "y", "port-y", "requested")]  # not to "old"
+    assert owners == {"a": "y", "b": "y", "c": "x"}
+    assert draining == {"old"} and after == set()

@@ -6,6 +6,9 @@ streams costs no recompute (their KV is in the host store and travels with them)
 so the central actor moves them to the replica with the most headroom. Which paused streams go is the source's
 choice (it knows their buffers): the least buffered first, the ones that would stall soonest where they are.
 
+Drain (`plan_drain`): a replica Serve is stopping (scale-down) moves every stream it holds to the others, so it
+can stop without waiting for its streams to end.
+
 Pure Python (no ray, no torch): the central actor (serve/central.py) and the simulator call the same functions.
 """
 
@@ -29,6 +32,25 @@ def choose_target(summary: Mapping[str, Mapping[str, float]], source: str, candi
         return (row.get("sum_rate", 0.0), row.get("streams", 0), rid)
 
     return min(others, key=load)
+
+
+def plan_drain(streams: Mapping[str, float], summary: Mapping[str, Mapping[str, float]],
+               targets: Iterable[str]) -> list[tuple[str, str]]:
+    """(stream id, target) for every stream of a replica being drained (`streams`: id -> declared rate), spread
+    so the targets' declared rates stay balanced: the fastest readers first, each to the target with the least
+    declared rate so far (what it was given counted), then the fewest streams, then the smaller id. No targets:
+    nothing to plan. Deterministic."""
+    load = {rid: [summary.get(rid, {}).get("sum_rate", 0.0), summary.get(rid, {}).get("streams", 0)]
+            for rid in sorted(set(targets))}
+    if not load:
+        return []
+    plan = []
+    for sid, rate in sorted(streams.items(), key=lambda kv: (-kv[1], kv[0])):
+        target = min(load, key=lambda rid: (load[rid][0], load[rid][1], rid))
+        plan.append((sid, target))
+        load[target][0] += rate
+        load[target][1] += 1
+    return plan
 
 
 @dataclass(frozen=True)

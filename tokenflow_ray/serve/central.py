@@ -15,6 +15,12 @@ What it does, and what it never does:
   across the restart (ingress.py), and a forwarded report is answered only once its owner took it, so a report
   sent during the gap, or queued here when the actor died, is delivered late, not lost.
 
+A replica Serve is stopping (scale-down; its graceful shutdown waits for its requests) is drained when migration
+is on: the actor polls Serve's replica states (serve_replicas.py) and moves each of its streams to the other
+replicas (`drain`, `migration_policy.plan_drain`), again each poll for any left. In the ingress placement the
+ingress follows a moved stream to its new replica, so the stopping one is left with nothing to wait for; in the
+direct placement it still relays the moved streams' responses, so there the drain only frees its engine.
+
 A dead replica never sends its removals. The ingress ends each stream it saw fail with the replica; the rest goes
 when the replica has not been heard from (a poll or a batch) for `stale_after_s`: a sweep drops it. A replica that
 was only slow finds itself unknown at its next batch and sends a full snapshot, so its streams come back.
@@ -34,10 +40,12 @@ from tokenflow_ray.cluster.migration_policy import (
     Relief,
     ReliefThrottle,
     choose_target,
+    plan_drain,
     plan_relief,
 )
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings
 from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder, Report
+from tokenflow_ray.serve.serve_replicas import stopping_replicas
 
 
 @dataclass(frozen=True)
@@ -55,14 +63,16 @@ class CentralSettings:
     finished_memory: int = 4096  # recently finished ids kept, so reports for them are refused at once
     stale_after_s: float = 10.0  # a replica silent this long (10 polls) is taken for dead and dropped
     migration: MigrationSettings | None = None  # None: no automatic moves (migrate() still works)
+    drain_poll_s: float = 0.5  # with migration: how often Serve's replica states are read for replicas to drain
 
     def __post_init__(self) -> None:
-        for name in ("poll_s", "push_interval_s", "register_grace_s", "deliver_timeout_s", "stale_after_s"):
+        for name in ("poll_s", "push_interval_s", "register_grace_s", "deliver_timeout_s", "stale_after_s",
+                     "drain_poll_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and value < float("inf")):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-        if self.poll_s <= 0 or self.stale_after_s <= 0:
-            raise ValueError("poll_s/stale_after_s: must be > 0")
+        if self.poll_s <= 0 or self.stale_after_s <= 0 or self.drain_poll_s <= 0:
+            raise ValueError("poll_s/stale_after_s/drain_poll_s: must be > 0")
 
 
 class CentralScheduler:
@@ -78,6 +88,8 @@ class CentralScheduler:
         self._taken: dict[str, asyncio.Event] = {}  # set when a replica takes the reports queued for it so far
         self._sweeper: asyncio.Task | None = None
         self._mover: asyncio.Task | None = None
+        self._drainer: asyncio.Task | None = None
+        self.draining: set[str] = set()  # replicas Serve is stopping: they give streams, never take them
         self._throttle = ReliefThrottle(self.settings.migration.interval_s if self.settings.migration else 1.0)
         self.policy_on = True  # the migration policy acts (set_migration: benchmarks compare with and without)
         self.counts = {"batches": 0, "full_snapshots": 0, "reports_pushed": 0, "pushes": 0, "migrations": 0,
@@ -93,6 +105,8 @@ class CentralScheduler:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
         if self.settings.migration is not None and (self._mover is None or self._mover.done()):
             self._mover = asyncio.get_running_loop().create_task(self._migration_loop())
+        if self.settings.migration is not None and (self._drainer is None or self._drainer.done()):
+            self._drainer = asyncio.get_running_loop().create_task(self._drain_loop())
 
     def _arrived(self, stream_id: str) -> None:
         event = self._arrivals.pop(stream_id, None)
@@ -190,7 +204,7 @@ class CentralScheduler:
         source = self.table.owner(stream_id)
         if source is None:
             return {"moved": False, "why": "unknown or finished stream"}
-        target = target or choose_target(self.table.summary(self.ports), source, set(self.ports))
+        target = target or choose_target(self.table.summary(self.ports), source, self._targets())
         if target is None or target not in self.ports or target == source:
             return {"moved": False, "why": f"no target replica to move to (ports: {sorted(self.ports)})"}
         if stream_id in self._move_waiters:
@@ -230,7 +244,7 @@ class CentralScheduler:
         fresh = {rid: s["gauges"] for rid, (t, s) in self.replica_stats.items()
                  if now - t <= ms.stats_max_age_s and "gauges" in s}
         sent = []
-        for relief in self._throttle.admit(plan_relief(fresh, self.ports, ms), time.monotonic()):
+        for relief in self._throttle.admit(plan_relief(fresh, self._targets(), ms), time.monotonic()):
             self._orders.setdefault(relief.source, []).append(
                 RelieveOrder(relief.target, self.ports[relief.target], relief.rate, relief.max_streams, relief.reason,
                              ms.move_waiting))
@@ -244,6 +258,34 @@ class CentralScheduler:
         while True:
             await asyncio.sleep(self.settings.migration.interval_s)
             self.relieve_now()
+
+    def _targets(self) -> set[str]:
+        """Replicas that take migrated streams: those with a port that Serve is not stopping."""
+        return set(self.ports) - self.draining
+
+    async def drain(self, replica_id: str) -> list[tuple[str, str]]:
+        """Move every stream of `replica_id` (Serve is stopping it) to the other replicas, balanced by declared
+        rate (plan_drain); it takes no more streams from here on. The moves run in the background (reason
+        "drain", in `recent_moves`); a stream whose move is under way is not asked again. Returns the plan."""
+        self.draining.add(replica_id)
+        view = self.table.view()
+        streams = {sid: e["rate"] or 0.0 for sid, e in view.items()
+                   if e["replica_id"] == replica_id and sid not in self._move_waiters}
+        plan = plan_drain(streams, self.table.summary(self.ports), self._targets() - {replica_id})
+        for sid, target in plan:
+            asyncio.get_running_loop().create_task(self.migrate(sid, target, reason="drain"))
+        return plan
+
+    async def _drain_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.drain_poll_s)
+            try:
+                stopping = await stopping_replicas()
+            except Exception:  # noqa: BLE001 - Serve's controller restarting: look again next time
+                continue
+            self.draining &= stopping | set(self.heard)  # forget replicas that are gone
+            for rid in stopping & set(self.ports):
+                await self.drain(rid)
 
     async def set_migration(self, on: bool) -> None:
         """Switch the automatic moves on or off (manual `migrate` works either way)."""
@@ -259,6 +301,7 @@ class CentralScheduler:
     async def drop_replica(self, replica_id: str) -> int:
         """Forget a (dead) replica: its stream entries, pending reports and stats. Returns the entries dropped."""
         self.ports.pop(replica_id, None)
+        self.draining.discard(replica_id)
         self._orders.pop(replica_id, None)
         self.replica_stats.pop(replica_id, None)
         self.heard.pop(replica_id, None)

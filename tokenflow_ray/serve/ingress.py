@@ -29,7 +29,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -51,6 +51,7 @@ from tokenflow_ray.serve.protocol import (
     parse_body,
 )
 from tokenflow_ray.serve.responses import DONE, ChunkWriter, full_response, sse
+from tokenflow_ray.serve.stream_port import follow
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,22 @@ class IngressBackend:
     def _new_stream_id(self, prefix: str) -> str:
         return prefix + uuid.uuid4().hex
 
-    def _open_stream(self, req: GenerateRequest) -> AsyncIterator[Delta]:
-        return self.llm.generate.remote(req)
+    async def _open_stream(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+        """The stream's deltas from its replica; if it moves, from its new replica's port (stream_port.follow), so
+        the replica it left is done with it (one Serve is stopping can stop)."""
+        gen = self.llm.generate.remote(req, follow_moves=True)
+        try:
+            async for delta in gen:
+                if delta.moved_to is None:
+                    yield delta
+                    continue
+                if delta.num_new_tokens:
+                    yield replace(delta, moved_to=None)
+                async for moved in follow(delta.moved_to, req.stream_id):
+                    yield moved
+                return
+        finally:
+            gen.cancel()  # the client left (or the stream is over: a no-op)
 
     async def _route_report(self, report: Report) -> bool:
         return await report_with_retry(self.central, report, self.http.report_retry_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tokenflow_ray.engine.sampling import SamplingParams
 
@@ -26,6 +27,9 @@ class Delta:
     num_output_tokens: int  # cumulative
     finished: bool = False
     finish_reason: str | None = None
+    # Set on the last delta from a replica the stream moved away from, for a caller that follows it (the ingress):
+    # the new replica's StreamPort, where the rest of the stream is pulled (stream_port.follow).
+    moved_to: Any = None
 
 
 @dataclass(frozen=True)

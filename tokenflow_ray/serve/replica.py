@@ -55,6 +55,11 @@ class ReplicaSettings:
     critical_buffer_s: float = CRITICAL_BUFFER_S  # record_autoscaling_stats: readers under this are critical
 
 
+def _counts(out) -> tuple[int, int]:
+    """(prompt tokens, output tokens so far) of an engine output; (0, 0) before the first."""
+    return (0, 0) if out is None else (out.num_prompt_tokens, out.num_output_tokens)
+
+
 class LLMServer(ReplicaMigration):
     async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings, http=None, *extra) -> None:
         """`http` (IngressSettings) and `extra` (handles of deployments the routes call) in the direct placement."""
@@ -90,7 +95,10 @@ class LLMServer(ReplicaMigration):
         self._routing_refresh = loop.create_task(self._routing_stats_loop())
 
     # ---- token path -------------------------------------------------------------------------------------------
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerateRequest, follow_moves: bool = False) -> AsyncIterator[Delta]:
+        """The stream's deltas. If it moves to another replica: with `follow_moves` (the ingress placement) the last
+        delta from here names the new replica's port and the caller pulls the rest there, so this replica's part
+        ends at the move; else (this replica holds the client's response) the rest is relayed from there."""
         prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
 
         def on_added(sid: str) -> None:
@@ -101,12 +109,15 @@ class LLMServer(ReplicaMigration):
         outputs = self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id, on_added=on_added,
                                         rate=req.rate)
         async for delta in self._deltas(outputs, req.stream_id,
-                                        self.engine.config.default_rate if req.rate is None else req.rate):
+                                        self.engine.config.default_rate if req.rate is None else req.rate,
+                                        follow_moves):
             yield delta
 
-    async def _deltas(self, outputs: AsyncIterator, stream_id: str, rate: float) -> AsyncIterator[Delta]:
+    async def _deltas(self, outputs: AsyncIterator, stream_id: str, rate: float,
+                      follow_moves: bool = False) -> AsyncIterator[Delta]:
         """The engine's outputs of one stream grouped into deltas (grouping.py). If the stream moves to another
-        replica, the rest comes from there through its port (migration), in order, as if it had stayed."""
+        replica, the rest comes from there through its port (migration), in order, as if it had stayed: relayed
+        here, or pulled there by a caller that follows moves (`generate`)."""
         grouper = DeltaGrouper(self.settings.grouping, rate)
         text: list[str] = []
         n_new = 0
@@ -129,6 +140,9 @@ class LLMServer(ReplicaMigration):
             except StreamMoved as moved:
                 self._active -= 1
                 active = False
+                if follow_moves:  # what this replica generated, and where the rest is
+                    yield Delta("".join(text), n_new, *_counts(last), moved_to=moved.where)
+                    return
                 if n_new and last is not None:  # what this replica generated goes out before the relay
                     yield Delta("".join(text), n_new, last.num_prompt_tokens, last.num_output_tokens)
                 async for delta in self._relay(stream_id, moved.where):

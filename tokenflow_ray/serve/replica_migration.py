@@ -23,6 +23,7 @@ import ray
 
 from tokenflow_ray.cluster.migration_policy import pick_streams
 from tokenflow_ray.serve.messages import Delta, MoveOrder, RelieveOrder
+from tokenflow_ray.serve.stream_port import follow
 
 log = logging.getLogger(__name__)
 
@@ -142,19 +143,11 @@ class ReplicaMigration:
 
     # ---- the relay: a moved stream's response stays here ---------------------------------------------------------
     async def _relay(self, stream_id: str, port) -> AsyncIterator[Delta]:
-        """The deltas of a stream that moved away, pulled from its new replica's port. The port dies with that
-        replica, so a lost replica fails the next pull and the client gets an error event."""
+        """The deltas of a stream that moved away, pulled from its new replica's port (stream_port.follow); its
+        reports meanwhile go straight there (`_route_report`)."""
         self._relayed[stream_id] = port
-        done = False
         try:
-            while not done:
-                for delta in await port.take.remote(stream_id):
-                    yield delta
-                    done = delta.finished
+            async for delta in follow(port, stream_id):
+                yield delta
         finally:
             self._relayed.pop(stream_id, None)
-            if not done:
-                try:
-                    port.cancel.remote(stream_id)  # the client left: the new replica aborts it
-                except Exception:  # noqa: BLE001 - that replica is gone too
-                    pass

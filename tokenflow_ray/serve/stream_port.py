@@ -8,7 +8,9 @@ streams there:
 - the target takes offers, cancellations and consumption reports from its `inbox` long-poll, and puts the moved
   stream's deltas here (`put`);
 - the source, which still holds the client's HTTP response, pulls them (`take`) and relays them, so the client
-  sees one stream: the same id, no token lost or repeated.
+  sees one stream: the same id, no token lost or repeated. In the ingress placement the ingress holds the
+  response, and it pulls from the port itself (`follow`): the source's part of the stream ends at the move, so a
+  replica Serve is stopping is left with nothing to wait for.
 
 If the target dies its port dies with it: the source's next `take` fails and the client gets an error event, as
 for any replica lost mid-stream. If the source dies (the client's connection with it), the target's `put`s stop
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -147,6 +150,24 @@ class StreamPort:
 
     def stats(self) -> dict[str, int]:
         return {"relayed": len(self._out), "inbox": len(self._inbox), "cancelled": len(self._cancelled)}
+
+
+async def follow(port: Any, stream_id: str) -> AsyncIterator[Any]:
+    """The deltas of a moved stream, pulled from its new replica's port until the last. The port dies with that
+    replica, so a lost replica fails the next pull (the caller answers with an error event). Left early (the
+    client went away), it tells the port, and the new replica aborts the stream."""
+    done = False
+    try:
+        while not done:
+            for delta in await port.take.remote(stream_id):
+                yield delta
+                done = delta.finished
+    finally:
+        if not done:
+            try:
+                port.cancel.remote(stream_id)
+            except Exception:  # noqa: BLE001 - that replica is gone too
+                pass
 
 
 # Owned by the replica that creates it (not detached): it goes when the replica goes.
