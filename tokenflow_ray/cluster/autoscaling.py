@@ -17,7 +17,8 @@ explains (long prompts, a mispredicted Γ): they add one replica at a time, and 
 the last scale-up has had `pressure_cooldown_s` to take effect, since a stream waiting on one replica does not move
 to a new one (no migration yet) and would otherwise keep asking. Scale-down needs the demand to fit the smaller fleet
 at `downscale_utilization` (< target: hysteresis) and no pressure at all. Serve then applies the delays and bounds and
-picks the replica to stop; its graceful shutdown drains that replica's streams (graceful_shutdown_timeout_s).
+picks the replica to stop; its graceful shutdown waits for that replica's streams (graceful_shutdown_timeout_s)
+while the central actor moves them to the others (migration_policy.plan_drain).
 
 Pure Python (no torch, no ray).
 """

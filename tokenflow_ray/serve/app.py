@@ -91,8 +91,8 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
 
 def replica_count_options(config: ServeConfig) -> dict[str, Any]:
     """A fixed `replicas`, or autoscaling on serving signals (serve/autoscaling_policy.py) from `replicas` within
-    [min, max]. A replica Serve picks for scale-down first serves its streams to the end (graceful shutdown, up to
-    drain_timeout_s): a scale-down never cuts a stream."""
+    [min, max]. A replica Serve picks for scale-down keeps serving its streams (graceful shutdown, up to
+    drain_timeout_s) while the central actor moves them off it (migration): a scale-down never cuts a stream."""
     if config.autoscaling is None:
         return {"num_replicas": config.replicas}
     return {"autoscaling_config": config.autoscaling.serve_autoscaling_config(initial_replicas=config.replicas),

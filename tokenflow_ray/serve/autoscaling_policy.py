@@ -8,10 +8,11 @@ pushed every `metrics_interval_s` and time-averaged over `look_back_period_s` (c
 delays, min/max and picks the replica to stop.
 
 Scale-down never cuts a stream: the victim's graceful shutdown waits for its streams (`drain_timeout_s` is
-Serve's graceful_shutdown_timeout_s). The seam for live migration is `drain_hook`: an import path of a callable
-`hook(decision, replica_ids) -> bool` the policy asks before each scale-down; False holds the current target this
-tick (reason "draining"), e.g. until paused streams were moved off. It runs on Serve's control loop, so it must not
-block: read what an actor answered on an earlier tick. Without a hook, the drain is Serve's.
+Serve's graceful_shutdown_timeout_s), and with migration on the central actor moves them off it as soon as Serve
+marks it STOPPING (serve/central.py `drain`), so in the ingress placement it stops without waiting for them.
+`drain_hook` is a further seam: an import path of a callable `hook(decision, replica_ids) -> bool` the policy asks
+before each scale-down; False holds the current target this tick (reason "draining"). It runs on Serve's control
+loop, so it must not block: read what an actor answered on an earlier tick.
 
 Serve cloudpickles this module by value; what it imports (tokenflow_ray.cluster.autoscaling) must be installed
 where the controller runs, which cluster.yaml's setup commands and the RayService image see to.
