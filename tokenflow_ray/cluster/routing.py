@@ -4,9 +4,10 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
 
     score = ttft + slack_stall + overload + memory + utilisation
     ttft        = the step in progress at the replica's running batch + what is left of the prefill work queued
-                  there: the stats' queue at their time, then each stream this router booked there since (its
-                  prompt's prefill, from when it was booked), worked one after another and drained by the time
-                  since (stats are 0.3-1.5 s old when read) + this stream's own prefill (the replica's cost model
+                  there: the stats' queue at their time (waiting prompts and the rest of those being prefilled
+                  in chunks), then each stream this router booked there since (its prompt's prefill beyond the
+                  start window, from when it was booked), worked one after another and drained by the time since
+                  (stats are 0.3-1.5 s old when read) + this stream's own prefill (the replica's cost model
                   prices each)
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
@@ -14,8 +15,10 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
     overload    = overload_horizon_s × (D − Γ)/D when the demand D = Σ rate (working set + waiting in the stats,
                   plus booked, less departed since them (inflight.py), plus this stream) exceeds the decode
                   capacity Γ: the share of time every reader there would starve
-    memory      = memory_penalty_s when the free device blocks, less what waiting and booked streams need, do not
-                  hold this stream's prompt: someone must be paused (or the stream waits) before it starts
+    memory      = memory_penalty_s when the free device and host blocks, less what waiting and booked streams
+                  need, do not hold this stream's prompt: the stream waits (or someone is recomputed) before it
+                  starts; spill_penalty_s when only the device is short: someone is paused to the host store
+                  (a copy there and back, its reader living on its buffer meanwhile) before it starts
     utilisation = utilisation_weight_s × D/Γ: between replicas that can all start it at once, the one with more
                   headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
 
@@ -45,8 +48,9 @@ looked like 0.3 s of queue while its twin's learned costs put its own at nothing
 the twin. At the cheapest cost the booked work itself, not the estimate, tells replicas apart. Unpriced (the old
 rule), bookings only counted ahead for `starting_s`, so streams arriving a few tenths of a second apart balanced
 by count and stacked behind a replica's 1500-token prefill (0.3-0.5 s) while the other replica was free: every
-one of them got a slow first token. A booking counts ahead while it may still be starting or while its modelled
-prefill runs.
+one of them got a slow first token. Only what outlasts the start window is priced (prefill_backlog): within it
+the booking counts as a stream ahead, and short prompts (20-40 ms) are left to that count as before. A booking
+counts ahead while it may still be starting or while its priced prefill runs.
 
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
@@ -68,7 +72,13 @@ from tokenflow_ray.cluster.replica_stats import ReplicaStats
 @dataclass(frozen=True)
 class SlackRouterConfig:
     overload_horizon_s: float = 10.0  # seconds of starvation an overload is priced over
-    memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
+    memory_penalty_s: float = 1.0  # price of a replica where the prompt fits neither device nor host: it waits
+    # Price of a replica whose device is short but whose host store has room: a running stream is paused there
+    # first (a copy out and back; its reader lives on its buffer meanwhile). Priced as a wait (the full penalty,
+    # as before), a mixed burst over small device pools was steered by whichever replica's last stats had a few
+    # blocks left: seen in the router's decisions, one replica 22 blocks short and its twin 17 blocks free, the
+    # twin took 3 of the next 4 streams, though both had host room and neither a queue.
+    spill_penalty_s: float = 0.1
     utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
     ttft_tolerance_s: float = 0.05  # scores this close are equal; streams ahead, live streams, demand decide
     # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
@@ -85,7 +95,8 @@ class SlackRouterConfig:
     http_envelope_bytes: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("overload_horizon_s", "memory_penalty_s", "utilisation_weight_s", "ttft_tolerance_s",
+        for name in ("overload_horizon_s", "memory_penalty_s", "spill_penalty_s", "utilisation_weight_s",
+                     "ttft_tolerance_s",
                      "default_rate", "starting_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -161,19 +172,29 @@ def prefill_backlog(stats: ReplicaStats, inflight: InflightLoad, cfg: SlackRoute
     """(seconds until the replica's known prefill work is done, streams still to start before a newcomer).
 
     The stats' queue (prefill_queue), then each pending booking's prefill (`booked_cost`; None: the replica's own
-    cost model), started when it was booked or when the work before it is done, whichever is later. A booking is
-    ahead while it may still be starting (`starting_s`) or its prefill is not done. `now` None: the snapshot's
-    own time, nothing drained and every booking queued and ahead.
+    cost model) less `starting_s`, started when it was booked or when the work before it is done, whichever is
+    later. A booking is ahead while it may still be starting (`starting_s`) or its priced prefill is not done.
+    `now` None: the snapshot's own time, nothing drained and every booking queued and ahead.
+
+    Less `starting_s`, because while a booking may still be starting it already counts as a stream ahead, which
+    the tie-break weighs before anything but the score: a short prompt's prefill (20-40 ms here) is left to that
+    count, as before bookings were priced. Priced in full, the serial estimate of a cluster of short bookings on
+    the replica whose stats were older outweighed the tolerance and split a burst of 64 short prompts 37/27
+    (`tokenflow bench routing --long-prompt-share 0`: effective 1014 against default's 1129 tok/s). A long
+    prompt's prefill (0.2-0.5 s) outlasts the window, and that is what the count cannot see.
     """
     cost = PrefillCost.of(stats) if booked_cost is None else booked_cost
+
+    def priced(tokens: int) -> float:  # what outlasts the start window, where the count of streams ahead sees it
+        return max(0.0, cost.seconds(tokens) - cfg.starting_s)
+
     if now is None:
         _, ahead = prefill_queue(stats, stats.computed_at)
-        return stats.queued_prefill_s + sum(cost.seconds(n) for n in inflight.prompt_tokens), \
-            ahead + len(inflight.pending)
+        return stats.queued_prefill_s + sum(priced(n) for n in inflight.prompt_tokens), ahead + len(inflight.pending)
     _, ahead = prefill_queue(stats, now)
     busy = min(stats.computed_at, now) + stats.queued_prefill_s  # when the stats' queue is (was) done
     for booked_at, tokens in sorted(inflight.pending):  # re-booked ones may be out of order
-        busy = max(busy, booked_at) + cost.seconds(tokens)
+        busy = max(busy, booked_at) + priced(tokens)
         if now - booked_at < cfg.starting_s or busy > now:
             ahead += 1
     return max(0.0, busy - now), ahead
@@ -195,7 +216,9 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
         overload = cfg.overload_horizon_s * (demand - capacity) / demand
     free = (stats.device_blocks_free - stats.waiting_prompt_blocks
             - sum(stats.blocks_for(n) for n in inflight.prompt_tokens))
-    memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
+    need = stats.blocks_for(new.prompt_tokens)
+    memory = 0.0 if free >= need else cfg.spill_penalty_s if free + stats.host_blocks_free >= need \
+        else cfg.memory_penalty_s
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
     utilisation = cfg.utilisation_weight_s * used
     return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead,
