@@ -124,3 +124,15 @@ def test_reports_follow_a_moved_stream_and_a_cancel_frees_it(migrate_app):
             break
         time.sleep(0.2)
     assert not any(states), states
+    # The move is in the metrics: the source's count by reason and outcome, and its hand-off time.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = httpx.get(base + "/metrics").text
+        moved = [float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("tokenflow_migrations_total{") and 'reason="requested"' in line
+                 and 'outcome="moved"' in line and f'replica="{result["source"]}"' in line]
+        if moved and moved[0] >= 1:
+            break
+        time.sleep(0.5)
+    assert moved and moved[0] >= 1, [line for line in text.splitlines() if "migration" in line]
+    assert f'tokenflow_migration_handoff_seconds_count{{reason="requested",replica="{result["source"]}"}}' in text

@@ -25,6 +25,8 @@ ROUTING_GAUGES = ("num_paused", "num_live", "sum_rate", "waiting_rate", "capacit
                   "queued_prefill_s", "host_blocks_free", "admitted_total")
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# A served move, the source's order to the target's import: 40-150 ms here (docs/serving/migration.json).
+HANDOFF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class HistogramCounts:
@@ -66,6 +68,27 @@ class StreamTotals:
                 "effective_tokens_total": self.effective_tokens}
 
 
+class MoveTotals:
+    """The moves a replica made of its streams (it is their source): how many per reason (overloaded,
+    device_full, drain, requested) and outcome (moved, failed), and how long each hand-off took, per reason."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+        self.handoff: dict[str, HistogramCounts] = {}
+
+    def add(self, result: dict[str, Any]) -> None:
+        reason = str(result.get("reason") or "requested")
+        outcome = "moved" if result.get("moved") else "failed"
+        row = self.counts.setdefault(reason, {"moved": 0, "failed": 0})
+        row[outcome] += 1
+        if result.get("moved") and result.get("handoff_s") is not None:
+            self.handoff.setdefault(reason, HistogramCounts(HANDOFF_BUCKETS)).observe_many([result["handoff_s"]])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"counts": {r: dict(c) for r, c in self.counts.items()},
+                "handoff": {r: h.to_dict() for r, h in self.handoff.items()}}
+
+
 class ReplicaMetrics:
     """Ray-exported metrics of one replica (created in the replica's constructor, never at import)."""
 
@@ -82,8 +105,19 @@ class ReplicaMetrics:
                        for name in ("buffer_tokens_mean", "num_running", "num_waiting", "device_blocks_free",
                                     "preemptions", "bytes_to_host", "bytes_from_host", "effective_tput",
                                     *ROUTING_GAUGES)}
-        for metric in (self.ttft, self.tbt, self.tokens, self.effective, *self.gauges.values()):
+        self.moves = m.Counter("tokenflow_migrations_total", "streams this replica moved away, by reason and outcome",
+                               (*keys, "reason", "outcome"))
+        self.handoff = m.Histogram("tokenflow_migration_handoff_seconds", "a move from its order to the hand-off",
+                                   list(HANDOFF_BUCKETS), (*keys, "reason"))
+        for metric in (self.ttft, self.tbt, self.tokens, self.effective, self.moves, self.handoff,
+                       *self.gauges.values()):
             metric.set_default_tags(tags)
+
+    def observe_move(self, result: dict[str, Any]) -> None:
+        reason = str(result.get("reason") or "requested")
+        self.moves.inc(1, {"reason": reason, "outcome": "moved" if result.get("moved") else "failed"})
+        if result.get("moved") and result.get("handoff_s") is not None:
+            self.handoff.observe(result["handoff_s"], {"reason": reason})
 
     def observe(self, records: Sequence[StreamRecord], stats: dict[str, Any]) -> None:
         for r in records:
@@ -109,6 +143,13 @@ def render_prometheus(by_replica: dict[str, dict[str, Any]]) -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+    def buckets(h: dict[str, Any]) -> list[tuple[str, int]]:
+        cum, out = 0, []
+        for bound, count in zip([*h["bounds"], float("inf")], h["counts"]):
+            cum += count
+            out.append(("+Inf" if bound == float("inf") else str(bound), cum))
+        return out
+
     class _Snapshot:
         def collect(self):
             for key, name, doc in (("ttft", "tokenflow_ttft_seconds", "submission to first token"),
@@ -116,12 +157,22 @@ def render_prometheus(by_replica: dict[str, dict[str, Any]]) -> bytes:
                 fam = HistogramMetricFamily(name, doc, labels=["replica"])
                 for rid, s in by_replica.items():
                     h = s["totals"][key]
-                    cum, buckets = 0, []
-                    for bound, count in zip([*h["bounds"], float("inf")], h["counts"]):
-                        cum += count
-                        buckets.append(("+Inf" if bound == float("inf") else str(bound), cum))
-                    fam.add_metric([rid], buckets, h["sum"])
+                    fam.add_metric([rid], buckets(h), h["sum"])
                 yield fam
+            moves = {rid: s["moves"] for rid, s in by_replica.items() if s.get("moves")}
+            fam = CounterMetricFamily("tokenflow_migrations", "streams moved away, by reason and outcome",
+                                      labels=["replica", "reason", "outcome"])
+            for rid, mv in moves.items():
+                for reason, row in mv["counts"].items():
+                    for outcome, n in row.items():
+                        fam.add_metric([rid, reason, outcome], n)
+            yield fam
+            fam = HistogramMetricFamily("tokenflow_migration_handoff_seconds", "a move from its order to the hand-off",
+                                        labels=["replica", "reason"])
+            for rid, mv in moves.items():
+                for reason, h in mv["handoff"].items():
+                    fam.add_metric([rid, reason], buckets(h), h["sum"])
+            yield fam
             for key, doc in (("tokens_total", "generated tokens"),
                              ("effective_tokens_total", "buffer-weighted tokens (rate() = effective throughput)")):
                 fam = CounterMetricFamily(f"tokenflow_{key.removesuffix('_total')}", doc, labels=["replica"])

@@ -31,7 +31,7 @@ from tokenflow_ray.serve.central import CentralSettings, get_central, report_wit
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.ingress import queue_full
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, RelieveOrder, Report
-from tokenflow_ray.serve.metrics import ReplicaMetrics, StreamTotals, engine_stats_dict
+from tokenflow_ray.serve.metrics import MoveTotals, ReplicaMetrics, StreamTotals, engine_stats_dict
 from tokenflow_ray.serve.replica_migration import ReplicaMigration
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class LLMServer(ReplicaMigration):
         self.central = get_central(settings.central)
         self.metrics = ReplicaMetrics(engine_config.model.model)
         self.totals = StreamTotals()
+        self.moves = MoveTotals()  # streams moved away from here (replica_migration.py)
         self._seen_finished = 0
         self._last_snapshot = time.monotonic()
         self.changes = ChangeLog()  # live streams, and what the central table has yet to hear
@@ -329,7 +330,8 @@ class LLMServer(ReplicaMigration):
         stats["effective_tput"] = (self.totals.effective_tokens - before) / max(1e-3, now - self._last_snapshot)
         self._last_snapshot = now
         self.metrics.observe(records, stats)
-        return {"gauges": stats, "totals": self.totals.to_dict(), "node_id": self.node_id}
+        return {"gauges": stats, "totals": self.totals.to_dict(), "moves": self.moves.to_dict(),
+                "node_id": self.node_id}
 
     def _kv_usage(self) -> dict[str, int]:  # engine thread
         usage = {"device_blocks_total": self.engine.pool.num_blocks, "device_blocks_free": self.engine.pool.num_free}

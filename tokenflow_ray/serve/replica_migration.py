@@ -7,9 +7,9 @@
 - In: this replica's own StreamPort (serve/stream_port.py) brings offers, cancellations and reports for streams
   moved here; an adopted stream's deltas go back to its port, where the source pulls them.
 
-A mixin: it uses the replica's engine (`aengine`, `engine`), its change log, its central actor handle and
-`_deltas` (the token path's grouping), and keeps `_relayed`, `_adopted`, `_tasks` and `port`, set in
-LLMServer.__init__.
+A mixin: it uses the replica's engine (`aengine`, `engine`), its change log, its central actor handle, its move
+metrics (`moves`, `metrics`) and `_deltas` (the token path's grouping), and keeps `_relayed`, `_adopted`, `_tasks`
+and `port`, set in LLMServer.__init__.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class ReplicaMigration:
         except Exception as exc:  # noqa: BLE001 - reported to the central actor; the stream is unaffected
             log.warning("moving %s failed", sid, exc_info=True)
             result["why"] = f"{type(exc).__name__}: {exc}"
+        self.moves.add(result)  # /metrics (through the stats) and Ray's metrics: reason, outcome, hand-off time
+        self.metrics.observe_move(result)
         try:
             await self.central.move_result.remote(sid, result)
         except Exception:  # noqa: BLE001 - a restarting central actor rebuilds its table from the replicas

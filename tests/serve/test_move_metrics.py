@@ -1,0 +1,37 @@
+"""Migration in the metrics (issue 15, item 3): each move the source made, by reason and outcome, and its hand-off
+time, as `GET /metrics` renders them from the replicas' stats (no Ray: the HTTP path is in test_migration_http)."""
+
+from __future__ import annotations
+
+from tokenflow_ray.serve.metrics import MoveTotals, StreamTotals, render_prometheus
+
+
+def _lines(text: str, prefix: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(prefix)}
+
+
+def test_moves_are_counted_by_reason_and_outcome_with_their_hand_off_times():
+    moves = MoveTotals()
+    for result in ({"moved": True, "reason": "drain", "handoff_s": 0.07},
+                   {"moved": True, "reason": "drain", "handoff_s": 0.3},
+                   {"moved": False, "reason": "drain", "why": "the target did not take it"},
+                   {"moved": True, "reason": "overloaded", "handoff_s": 0.04},
+                   {"moved": False}):  # a manual move that failed before it was timed
+        moves.add(result)
+    replicas = {"r1": {"gauges": {}, "totals": StreamTotals().to_dict(), "moves": moves.to_dict()},
+                "r2": {"gauges": {}, "totals": StreamTotals().to_dict()}}  # stats from before moves were counted
+    text = render_prometheus(replicas).decode()
+    assert _lines(text, "tokenflow_migrations_total{") == {
+        'tokenflow_migrations_total{outcome="moved",reason="drain",replica="r1"}': 2.0,
+        'tokenflow_migrations_total{outcome="failed",reason="drain",replica="r1"}': 1.0,
+        'tokenflow_migrations_total{outcome="moved",reason="overloaded",replica="r1"}': 1.0,
+        'tokenflow_migrations_total{outcome="failed",reason="overloaded",replica="r1"}': 0.0,
+        'tokenflow_migrations_total{outcome="moved",reason="requested",replica="r1"}': 0.0,
+        'tokenflow_migrations_total{outcome="failed",reason="requested",replica="r1"}': 1.0}
+    handoff = _lines(text, "tokenflow_migration_handoff_seconds_")
+    assert handoff['tokenflow_migration_handoff_seconds_count{reason="drain",replica="r1"}'] == 2.0
+    assert abs(handoff['tokenflow_migration_handoff_seconds_sum{reason="drain",replica="r1"}'] - 0.37) < 1e-9
+    assert handoff['tokenflow_migration_handoff_seconds_bucket{le="0.1",reason="drain",replica="r1"}'] == 1.0
+    assert handoff['tokenflow_migration_handoff_seconds_bucket{le="+Inf",reason="drain",replica="r1"}'] == 2.0
+    assert 'reason="requested"' not in "".join(handoff)  # an untimed failure has no hand-off
