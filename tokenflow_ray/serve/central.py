@@ -63,7 +63,9 @@ class CentralSettings:
     finished_memory: int = 4096  # recently finished ids kept, so reports for them are refused at once
     stale_after_s: float = 10.0  # a replica silent this long (10 polls) is taken for dead and dropped
     migration: MigrationSettings | None = None  # None: no automatic moves (migrate() still works)
-    drain_poll_s: float = 0.5  # with migration: how often Serve's replica states are read for replicas to drain
+    # With migration: how often Serve's replica states are read for replicas to drain (a stopping replica checks
+    # its ongoing requests every 2 s).
+    drain_poll_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("poll_s", "push_interval_s", "register_grace_s", "deliver_timeout_s", "stale_after_s",
