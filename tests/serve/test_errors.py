@@ -88,6 +88,9 @@ class FakeGen:
     def __init__(self, *script: Delta | BaseException) -> None:
         self.script, self.cancelled = list(script), False
 
+    def __aiter__(self) -> FakeGen:
+        return self
+
     async def __anext__(self) -> Delta:
         if not self.script:
             raise StopAsyncIteration
@@ -114,7 +117,7 @@ def fake_ingress(gen: FakeGen):
     class Ingress(base):
         def __init__(self) -> None:  # no handle, no central actor
             self.http = IngressSettings("embedded", 16, 1 << 20, None, CentralSettings("central", "ns"))
-            self.llm = SimpleNamespace(generate=SimpleNamespace(remote=lambda req: gen))
+            self.llm = SimpleNamespace(generate=SimpleNamespace(remote=lambda req, follow_moves=False: gen))
             self.central = SimpleNamespace(deregister=Deregistered())
 
     return Ingress()
@@ -185,3 +188,36 @@ def test_a_stream_that_ends_normally_is_untouched():
     out = events(generate(ingress, stream=True))
     assert out[-1] == "[DONE]" and not any('"error"' in e for e in out)
     assert ingress.central.deregister.ids == []
+
+
+class FakePort:
+    """A StreamPort stand-in: `take` hands out its script's batches; `cancel` is recorded."""
+
+    def __init__(self, *batches: list) -> None:
+        self.batches, self.cancelled = list(batches), []
+
+        async def take(stream_id: str) -> list:
+            item = self.batches.pop(0)
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+        self.take = SimpleNamespace(remote=take)
+        self.cancel = SimpleNamespace(remote=self.cancelled.append)
+
+
+def test_a_moved_stream_is_followed_to_its_new_replica_and_a_lost_one_fails_cleanly():
+    """The replica the stream left says where it went (a drain or a relief); the ingress reads the rest there, so
+    the client sees one stream; if the new replica dies, the client gets the 503 error event as for any replica."""
+    port = FakePort([delta("c", 3)], [], [delta("d", 4, finished=True)])
+    gen = FakeGen(delta("a", 1), Delta("b", 1, 3, 2, moved_to=port))
+    ingress = fake_ingress(gen)
+    out = events(generate(ingress, stream=True))
+    texts = [json.loads(e)["choices"][0]["text"] for e in out[:-1] if json.loads(e).get("choices")]
+    assert "".join(texts) == "abcd" and out[-1] == "[DONE]" and not any('"error"' in e for e in out)
+    assert port.cancelled == [] and not port.batches
+
+    lost = FakePort([delta("c", 3)], killed())
+    out = events(generate(fake_ingress(FakeGen(delta("a", 1), Delta("", 0, 3, 1, moved_to=lost))), stream=True))
+    assert out[-1] == "[DONE]" and json.loads(out[-2])["error"]["code"] == "replica_unavailable"
+    assert len(lost.cancelled) == 1  # the follower told the port it stopped reading

@@ -160,8 +160,8 @@ async def follow(port: Any, stream_id: str) -> AsyncIterator[Any]:
     try:
         while not done:
             for delta in await port.take.remote(stream_id):
+                done = delta.finished  # before the yield: a reader may stop at the last delta and close us there
                 yield delta
-                done = delta.finished
     finally:
         if not done:
             try:
