@@ -3,6 +3,10 @@ the step profile's parts adding up, the machine's caches recorded. No timing ass
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from tokenflow_ray.bench.engine_bench import EngineBenchConfig, run_engine_bench
 
 
@@ -24,3 +28,19 @@ def test_engine_bench_runs_and_reports_every_figure(tiny_llama_dir):
     parts = prof["schedule_ms"] + prof["runner_python_ms"] + prof["model_ms"] + prof["engine_rest_ms"]
     assert abs(parts - prof["step_ms"]) < 1e-6 * max(1.0, prof["step_ms"]) + 1e-9
     assert prof["gemm_ms"] > 0 and prof["python_bookkeeping_ms"] > 0
+
+
+def test_profile_only_runs_the_step_profile_alone(tiny_llama_dir):
+    from tokenflow_ray.bench.engine_bench import run_step_profile
+
+    cfg = EngineBenchConfig(model=str(tiny_llama_dir), batches=(3,), prompt_len=8, new_tokens=4, repeats=2,
+                            mixed_requests=3, mixed_min_tokens=2, mixed_max_tokens=5, profile_batch=3)
+    out = run_step_profile(cfg, progress=lambda _: None)
+    assert len(out["runs"]) == 2 and out["profile"]["batch"] == 3 and "cpu_count" in out["machine"]
+    for prof in out["runs"]:
+        parts = prof["schedule_ms"] + prof["runner_python_ms"] + prof["model_ms"] + prof["engine_rest_ms"]
+        assert abs(parts - prof["step_ms"]) < 1e-6 * max(1.0, prof["step_ms"]) + 1e-9
+        assert 0 < prof["lm_head_ms"] < prof["model_ms"]  # the lm_head GEMM is the model's, not bookkeeping
+    assert min(r["step_ms"] for r in out["runs"]) <= out["profile"]["step_ms"] <= max(r["step_ms"] for r in out["runs"])
+    with pytest.raises(ValueError, match="profile batch"):
+        run_step_profile(dataclasses.replace(cfg, profile_batch=None))

@@ -46,6 +46,16 @@ def _engine(args: argparse.Namespace) -> int:
                             new_tokens=args.new_tokens, repeats=args.repeats, generate_batch=not args.no_generate_batch,
                             peer=args.peer, peer_env=args.vllm_env, overlap=args.overlap,
                             profile_batch=args.profile_batch or None)
+    if args.profile_only:
+        from tokenflow_ray.bench.engine_bench import run_step_profile
+
+        try:
+            out = run_step_profile(cfg)
+        except ValueError as exc:
+            print(f"tokenflow: error: {exc}", file=sys.stderr)
+            return 2
+        write_json(args.json, out)
+        return 0
     if cfg.peer:
         from tokenflow_ray.bench.peer.vllm_env import PeerError
 
@@ -253,6 +263,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="headline figures with overlapped scheduling (both modes are measured either way)")
     p.add_argument("--profile-batch", type=int, default=32, help="profile a decode step at this batch (0: skip)")
+    p.add_argument("--profile-only", action="store_true",
+                   help="only the step profile at --profile-batch, --repeats times (median): no HF, no peers")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(handler=_engine)
 

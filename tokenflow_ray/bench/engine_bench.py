@@ -86,19 +86,51 @@ def _decode_tok_s(runs: dict[str, Callable[[int], object]], batch: int, n: int, 
     return {k: batch * (n - 1) / max(statistics.median(full[k]) - statistics.median(first[k]), 1e-9) for k in runs}
 
 
+def bench_engine(cfg: EngineBenchConfig) -> LLMEngine:
+    """Our engine as every figure of the bench runs it: room for the largest batch at the longest context."""
+    max_batch = max(max(cfg.batches), cfg.mixed_requests, cfg.profile_batch or 0)
+    ctx = cfg.prompt_len + max(cfg.new_tokens, cfg.mixed_max_tokens)
+    block = 16
+    return LLMEngine.from_config(EngineConfig(
+        model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu"),
+        cache=CacheConfig(block_size=block, num_device_blocks=max_batch * (-(-ctx // block)) + 8),
+        scheduler=SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * 4))))
+
+
+def run_step_profile(cfg: EngineBenchConfig, progress: Callable[[str], None] = print) -> dict:
+    """Only the step profile (`--profile-only`): no HF model, no peers; --repeats profiles on one engine, each
+    figure the median over them (the runs are kept under `runs`)."""
+    from tokenflow_ray.bench.step_profile import profile_decode_steps
+
+    if not cfg.profile_batch:
+        raise ValueError("profile-only: needs a profile batch > 0")
+    engine = bench_engine(cfg)
+    prompts = _prompts(cfg.profile_batch, cfg.prompt_len, engine.runner.info.vocab_size,
+                       cfg.seed + cfg.profile_batch)
+    runs = []
+    for i in range(cfg.repeats):
+        runs.append(profile_decode_steps(engine, prompts))
+        progress(f"run {i + 1}/{cfg.repeats}: " + _profile_line(runs[-1]))
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    progress("median: " + _profile_line(out))
+    return {"model": cfg.model, "dtype": cfg.dtype, "device": "cpu", "threads": torch.get_num_threads(),
+            "machine": machine_info(), "config": asdict(cfg), "profile": out, "runs": runs}
+
+
+def _profile_line(p: dict) -> str:
+    return (f"batch {p['batch']} step {p['step_ms']:.2f} ms ({p['step_ms_overlapped']:.2f} overlapped): GEMMs "
+            f"{p['gemm_ms']:.2f}, attention {p['attention_ms']:.2f}, other model {p['other_model_ms']:.2f}, Python "
+            f"bookkeeping {p['python_bookkeeping_ms']:.3f} ms (schedule {p['schedule_ms']:.3f}, runner "
+            f"{p['runner_python_ms']:.3f}, engine rest {p['engine_rest_ms']:.3f})")
+
+
 class _Systems:
     """The three systems on one model directory."""
 
     def __init__(self, cfg: EngineBenchConfig) -> None:
         from transformers import AutoModelForCausalLM
 
-        max_batch = max(max(cfg.batches), cfg.mixed_requests)
-        ctx = cfg.prompt_len + max(cfg.new_tokens, cfg.mixed_max_tokens)
-        block = 16
-        self.engine = LLMEngine.from_config(EngineConfig(
-            model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu"),
-            cache=CacheConfig(block_size=block, num_device_blocks=max_batch * (-(-ctx // block)) + 8),
-            scheduler=SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * 4))))
+        self.engine = bench_engine(cfg)
         self.vocab = self.engine.runner.info.vocab_size
         dtype = self.engine.runner.dtype
         self.hf = AutoModelForCausalLM.from_pretrained(self.engine.runner.model_dir, dtype=dtype).eval()
@@ -168,9 +200,7 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
 
         profile = profile_decode_steps(systems.engine, _prompts(cfg.profile_batch, cfg.prompt_len, systems.vocab,
                                                                 cfg.seed + cfg.profile_batch))
-        progress(f"batch {cfg.profile_batch} step: {profile['step_ms']:.2f} ms ({profile['step_ms_overlapped']:.2f} "
-                 f"overlapped): GEMMs {profile['gemm_ms']:.2f}, attention {profile['attention_ms']:.2f}, other model "
-                 f"{profile['other_model_ms']:.2f}, Python bookkeeping {profile['python_bookkeeping_ms']:.2f} ms")
+        progress(_profile_line(profile))
     mixed = _mixed(cfg, systems)
     progress(f"mixed ({cfg.mixed_requests} requests, {cfg.mixed_min_tokens}-{cfg.mixed_max_tokens} new tokens): "
              f"ours {mixed['mixed_ours_tok_s']:.0f} tok/s | HF generate x{cfg.hf_static_batch} "

@@ -1,7 +1,8 @@
 """Where one decode step's time goes, on the real engine: `tokenflow bench engine` puts this in its JSON.
 
-Wall-clock timers around the scheduler's plan, the runner's execute and the model forward split a step into the
-scheduler, the runner's own Python (inputs, sampling), the model, and the engine's rest (applying the result,
+Wall-clock timers around the scheduler's plan, the runner's execute, the model forward and the lm_head split a step
+into the scheduler, the runner's own Python (inputs, sampling), the model (the forward and the lm_head GEMM, which
+the runner calls apart from the forward: `lm_head_ms` of it), and the engine's rest (applying the result,
 detokenising, outputs); a cProfile pass over the same steps splits the model into GEMMs (oneDNN linear), decode
 attention (the paged kernel, or SDPA) and everything else (small ops, module calls). Python bookkeeping is
 schedule + runner Python + engine rest. Measured synchronously (the parts are separable then); the same steps with
@@ -70,7 +71,7 @@ def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], st
         while any(engine.get_stream(i).num_output_tokens == 0 for i in ids):  # prefills out of the way
             engine.step()
         _steps(engine, warmup)
-        acc = {"schedule": 0.0, "execute": 0.0, "model": 0.0}
+        acc = {"schedule": 0.0, "execute": 0.0, "model": 0.0, "lm_head": 0.0}
         runner = engine.runner
         prof = cProfile.Profile()
         wall = profiled = overlapped = 0.0
@@ -80,7 +81,8 @@ def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], st
             n = min(chunk, steps - done)
             engine.config = dataclasses.replace(config, overlap_scheduling=False)
             with _timed(engine.scheduler, "schedule", acc, "schedule"), _timed(runner, "execute", acc, "execute"), \
-                    _timed(runner.model, "forward", acc, "model"):
+                    _timed(runner.model, "forward", acc, "model"), \
+                    _timed(runner.model, "compute_logits", acc, "lm_head"):
                 wall += _steps(engine, n)
             prof.enable()
             profiled += _steps(engine, n)
@@ -103,9 +105,10 @@ def profile_decode_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], st
         while engine.has_unfinished():  # drain an in-flight step and the abort notices
             engine.step()
     ms = 1e3 / steps
-    model = acc["model"] * ms
+    model = (acc["model"] + acc["lm_head"]) * ms
     out = {"batch": len(prompts), "steps": steps, "step_ms": wall * ms, "schedule_ms": acc["schedule"] * ms,
-           "runner_python_ms": (acc["execute"] - acc["model"]) * ms, "model_ms": model,
+           "runner_python_ms": (acc["execute"] - acc["model"] - acc["lm_head"]) * ms, "model_ms": model,
+           "lm_head_ms": acc["lm_head"] * ms,
            "engine_rest_ms": (wall - acc["schedule"] - acc["execute"]) * ms,
            # from the cProfile pass: time inside the GEMM and attention kernels themselves
            "gemm_ms": gemm * ms, "attention_ms": attention * ms,
