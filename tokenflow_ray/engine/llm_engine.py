@@ -381,14 +381,19 @@ class LLMEngine:
         text = ""
         state = self._text.get(stream.stream_id)
         if state is not None:
-            text, stopped = state.stops.push(state.decoder.feed(token))
+            stops = state.stops
+            text = state.decoder.feed(token)
+            # No stop strings (the common case): nothing to hold back, as StopMatcher.push would return.
+            stopped = False
+            if stops.stops:
+                text, stopped = stops.push(text)
             if stopped and not stream.status.finished:
                 self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED, now)
             elif stream.status.finished and not stopped:
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
-        finished = stream.status.finished
-        return StreamOutput(stream.stream_id, (token,), text, finished, stream.status.finish_reason,
-                            stream.num_prompt_tokens, stream.num_output_tokens)
+        status = stream.status
+        return StreamOutput(stream.stream_id, (token,), text, status.finished, status.finish_reason,
+                            len(stream.prompt_token_ids), len(stream.output_token_ids))
 
     # ---- blocking helpers -------------------------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Iterator[StreamOutput]:

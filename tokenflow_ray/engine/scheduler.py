@@ -171,20 +171,30 @@ class Scheduler:
         return [s for s in self.streams.values() if s.status in statuses]
 
     def view(self, now: float) -> SchedulerView:
-        live = list(self.streams.values())
+        # One pass over the live streams (every step, so no per-figure comprehensions and method calls).
         # The working set (Eq. 6's W): streams admitted and not finished, on the device or paused; a stream that
         # has never run is demand still outside it.
-        working = [s for s in live if s.status != StreamStatus.WAITING or s.num_preemptions]
-        paced = [s.rate for s in live if s.rate > 0]
-        full = [self.pool.blocks_for_tokens(s.num_prompt_tokens + s.sampling.max_tokens) for s in live]
-        # Over its life a stream holds its prompt plus half its output on average: the batch the device holds.
-        life = [self.pool.blocks_for_tokens(s.num_prompt_tokens + s.sampling.max_tokens // 2) for s in live]
-        mean_life = sum(life) / len(life) if life else 1.0
+        working_rates: list[float] = []
+        paced: list[float] = []
+        full = life = 0
+        bs = self.pool.block_size
+        waiting = StreamStatus.WAITING
+        for s in self.streams.values():
+            if s.status != waiting or s.record.preemptions:
+                working_rates.append(s.rate)
+            if s.rate > 0:
+                paced.append(s.rate)
+            prompt, max_tokens = len(s.prompt_token_ids), s.sampling.max_tokens
+            full += -(-(prompt + max_tokens) // bs)
+            # Over its life a stream holds its prompt plus half its output on average: the batch the device holds.
+            life += -(-(prompt + max_tokens // 2) // bs)
+        n = len(self.streams)
+        mean_life = life / n if n else 1.0
         return SchedulerView(now=now, cost=self.cost, device_blocks=self.pool.num_blocks,
                              host_blocks=self.kv.host.num_blocks if self.kv.host else 0,
                              block_size=self.pool.block_size, max_num_seqs=self.config.max_num_seqs,
-                             num_working=len(working), sum_rate=sum(s.rate for s in working),
-                             mean_full_blocks=sum(full) / len(full) if full else 1.0,
+                             num_working=len(working_rates), sum_rate=sum(working_rates),
+                             mean_full_blocks=full / n if n else 1.0,
                              mean_rate=sum(paced) / len(paced) if paced else 0.0,
                              max_device_batch=max(1, min(self.config.max_num_seqs,
                                                          int(self.pool.num_blocks / max(mean_life, 1.0)))))
@@ -308,14 +318,16 @@ class Scheduler:
                new_streams: list[tuple[str, SamplingParams]], preempted_now: set[str]) -> int:
         """Admit or resume streams in the given order; a stream that cannot start stops the walk (the order is
         the policy's, so nobody behind it jumps ahead)."""
-        active = self.by_status(*_ACTIVE)
-        num_active = len(active)
-        reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
+        num_active = reserve = -1  # computed at the first candidate: a step with none (all decoding) skips them
         limit = self.policy.admission_limit(view)
         working = view.num_working
         for stream in order:
             if stream.status not in (StreamStatus.WAITING, StreamStatus.PREEMPTED):
                 continue
+            if num_active < 0:  # nothing below has changed a stream yet: the same as computing them up front
+                active = self.by_status(*_ACTIVE)
+                num_active = len(active)
+                reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
             if budget <= 0 or num_active >= self.config.max_num_seqs:
                 break
             if stream.stream_id in preempted_now or stream.stream_id in self._leaving:
@@ -397,15 +409,17 @@ class Scheduler:
             stream.status = StreamStatus.RUNNING
         self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
         self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
+        streams = self.streams
         for chunk in itertools.chain(plan.decodes, plan.prefills):
-            stream = self.streams.get(chunk.stream_id)
+            stream = streams.get(chunk.stream_id)
             if stream is None:  # aborted while the step ran
                 continue
             stream.num_computed_tokens += len(chunk.token_ids)
             if chunk.sample:
-                stream.output_token_ids.append(PENDING_TOKEN)
-                sp = stream.sampling
-                if stream.num_output_tokens >= sp.max_tokens or stream.num_tokens >= stream.max_total_tokens:
+                out = stream.output_token_ids
+                out.append(PENDING_TOKEN)
+                if len(out) >= stream.sampling.max_tokens or \
+                        len(stream.prompt_token_ids) + len(out) >= stream.max_total_tokens:
                     self._finishing.add(stream.stream_id)  # ends with that token: nothing more to plan for it
 
     def apply_result(self, plan: StepPlan, result: StepResult, now: float,
@@ -422,18 +436,18 @@ class Scheduler:
         self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
                                result.copy_s, result.copy_bytes, step_s=step_s)
         emitted: list[tuple[Stream, int]] = []
+        streams, sampled = self.streams, result.sampled  # per-stream loop below: locals, not attribute lookups
         for chunk in itertools.chain(plan.decodes, plan.prefills):
             if not chunk.sample:
                 continue
-            stream = self.streams.get(chunk.stream_id)
+            stream = streams.get(chunk.stream_id)
             if stream is None:  # aborted, or stopped (eos, a stop string) by the step before it
                 continue
-            token = result.sampled[chunk.stream_id]
+            token = sampled[chunk.stream_id]
             # The placeholder sits at the position after the chunk (a later step's may follow it).
-            stream.output_token_ids[chunk.start_pos + len(chunk.token_ids) - stream.num_prompt_tokens] = token
+            stream.output_token_ids[chunk.start_pos + len(chunk.token_ids) - len(stream.prompt_token_ids)] = token
             # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
-            stream.record.record_token(now, stream.reader.buffer_at(now))
-            stream.reader.on_tokens(now)
+            stream.record.record_token(now, stream.reader.buffer_then_token(now))
             emitted.append((stream, token))
             stop = stream.stop_reason_after_append(token)
             if stop is not None:
@@ -451,13 +465,13 @@ class Scheduler:
         return budget if budget == self.config.max_num_batched_tokens else 0
 
     def _chunk(self, stream: Stream, n: int) -> ScheduledChunk:
-        start = stream.num_computed_tokens
-        blocks = stream.block_ids
-        sent = self._table_sent.get(stream.stream_id, 0)
-        self._table_sent[stream.stream_id] = len(blocks)
-        return ScheduledChunk(stream_id=stream.stream_id, token_ids=stream.token_ids(start, start + n),
-                              start_pos=start, new_blocks=tuple(blocks[sent:]) if len(blocks) > sent else (),
-                              first_block=sent, sample=start + n == stream.num_tokens)
+        start, blocks, sid = stream.num_computed_tokens, stream.block_ids, stream.stream_id
+        sent, held = self._table_sent.get(sid, 0), len(blocks)
+        self._table_sent[sid] = held
+        # Positional (every stream, every step): stream_id, token_ids, start_pos, new_blocks, first_block, sample.
+        return ScheduledChunk(sid, stream.token_ids(start, start + n), start,
+                              tuple(blocks[sent:]) if held > sent else (), sent,
+                              start + n == len(stream.prompt_token_ids) + len(stream.output_token_ids))
 
     def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)

@@ -27,8 +27,12 @@ class StreamStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {StreamStatus.FINISHED_STOPPED: "stop", StreamStatus.FINISHED_LENGTH: "length",
-                StreamStatus.FINISHED_ABORTED: "abort"}.get(self)
+        return _FINISH_REASONS.get(self)
+
+
+# Built once, not per call (the engine asks every stream's status for it every step).
+_FINISH_REASONS = {StreamStatus.FINISHED_STOPPED: "stop", StreamStatus.FINISHED_LENGTH: "length",
+                   StreamStatus.FINISHED_ABORTED: "abort"}
 
 
 @dataclass(eq=False)
@@ -109,6 +113,7 @@ class Stream:
             return StreamStatus.FINISHED_STOPPED
         if token_id in sp.stop_token_ids:
             return StreamStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= sp.max_tokens or self.num_tokens >= self.max_total_tokens:
+        n_out = len(self.output_token_ids)  # once per token per stream: lengths, not the properties
+        if n_out >= sp.max_tokens or len(self.prompt_token_ids) + n_out >= self.max_total_tokens:
             return StreamStatus.FINISHED_LENGTH
         return None

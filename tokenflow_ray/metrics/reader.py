@@ -20,6 +20,7 @@ from tokenflow_ray.metrics.validate import check_count, check_rate, check_time
 
 # Slack (in tokens) when counting reads up to t, so a read due exactly at t is not lost to rounding.
 _READ_EPS = 1e-9
+_INF = math.inf
 
 
 class ReaderModel:
@@ -76,6 +77,26 @@ class ReaderModel:
         else:
             self._runs.append((t, n))
         self._generated += n
+
+    def buffer_then_token(self, t: float) -> int:
+        """`buffer_at(t)` then `on_tokens(t)` for one token, checked and advanced once: the engine does this for
+        every token it emits, so it is the hot path. Returns the buffer before the token."""
+        t = self._check_now(t)
+        self._advance(t)
+        buffered = self._generated - self._consumed
+        if self._finished:
+            raise ValueError("on_tokens after finish(): the stream is finished")
+        self._bank_wait(t)
+        if self._first is None:
+            self._first = t
+            self._ready = t  # c_0 = g_0: the reader starts at the first token, not a stall
+        runs = self._runs
+        if runs and runs[-1][0] == t:
+            runs[-1] = (t, runs[-1][1] + 1)
+        else:
+            runs.append((t, 1))
+        self._generated += 1
+        return buffered
 
     def finish(self, t: float) -> None:
         """No more tokens will come. A wait still going on at t is not a stall (nothing was owed)."""
@@ -154,6 +175,8 @@ class ReaderModel:
 
     # ---- internals --------------------------------------------------------------------------------
     def _check_now(self, t: float) -> float:
+        if type(t) is float and -_INF < t < _INF and t >= self._now:  # the common case, without check_time's call
+            return t
         t = check_time(t)
         if t < self._now:
             raise ValueError(

@@ -5,10 +5,13 @@ One definition, used by the engine, the simulator, the benchmarks and Prometheus
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tokenflow_ray.metrics.reader import ReaderModel
 from tokenflow_ray.metrics.validate import check_count, check_rate, check_time
+
+_INF = math.inf
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,13 @@ class StreamRecord:
 
     def record_token(self, t: float, buffer: float) -> None:
         """One output token emitted at t while the client had `buffer` tokens unread."""
+        times = self.token_times
+        # The engine's case, once per token: a float time not before the last (so finite) and an int buffer.
+        if type(t) is float and (times[-1] if times else self.arrival_s) <= t < _INF and type(buffer) is int \
+                and buffer >= 0 and not self.finished:
+            times.append(t)
+            self.token_buffers.append(float(buffer))
+            return
         t = check_time(t)
         if self.finished:
             raise ValueError(f"stream {self.stream_id}: record_token after finish")

@@ -1,0 +1,62 @@
+"""The per-token fast paths the engine takes every step give what the general calls give, and still refuse bad
+input: ReaderModel.buffer_then_token against buffer_at + on_tokens, StreamRecord.record_token's fast path."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from tokenflow_ray.metrics.reader import ReaderModel
+from tokenflow_ray.metrics.stream_metrics import StreamRecord
+
+
+def _state(r: ReaderModel, t: float) -> tuple:
+    return (r.generated, r.consumed_at(t), r.buffer_at(t), r.stall_time_at(t), r.first_token_time)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_buffer_then_token_equals_buffer_at_then_on_tokens(seed):
+    rng = random.Random(seed)
+    rate = rng.choice([0.0, 5.0, 20.0, 100.0])
+    fast, slow = ReaderModel(rate), ReaderModel(rate)
+    t = rng.uniform(-5, 5)
+    for _ in range(300):
+        t += rng.choice([0.0, rng.expovariate(30.0), rng.expovariate(3.0)])
+        if rng.random() < 0.05:  # a client report changes the model on both
+            kw = rng.choice([{"rate": rng.choice([0.0, 10.0, 50.0])}, {"paused": rng.random() < 0.5},
+                             {"consumed_tokens": rng.randint(0, fast.generated)}])
+            fast.apply_report(t, **kw)
+            slow.apply_report(t, **kw)
+        want = slow.buffer_at(t)
+        slow.on_tokens(t)
+        assert fast.buffer_then_token(t) == want
+        assert _state(fast, t) == _state(slow, t)
+    fast.finish(t)
+    with pytest.raises(ValueError, match="after finish"):
+        fast.buffer_then_token(t)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, True, "1.0"])
+def test_reader_fast_path_still_checks_times(bad):
+    r = ReaderModel(10.0)
+    r.buffer_then_token(1.0)
+    with pytest.raises(ValueError):
+        r.buffer_then_token(bad)
+    with pytest.raises(ValueError, match="earlier"):
+        r.buffer_then_token(0.5)
+
+
+def test_record_token_fast_path_matches_and_refuses():
+    rec = StreamRecord("s", arrival_s=1.0, rate=5.0, prompt_len=3)
+    rec.record_token(1.5, 0)
+    rec.record_token(2, 1.5)  # an int time and a float buffer: the checked path, same result
+    assert rec.token_times == [1.5, 2.0] and rec.token_buffers == [0.0, 1.5]
+    for t, buffer in [(1.9, 0), (math.inf, 0), (math.nan, 0), (3.0, -1), (3.0, True), (3.0, math.nan)]:
+        with pytest.raises(ValueError):
+            rec.record_token(t, buffer)
+    assert rec.token_times == [1.5, 2.0]
+    rec.mark_finished()
+    with pytest.raises(ValueError, match="after finish"):
+        rec.record_token(3.0, 0)
