@@ -54,6 +54,8 @@ def test_tables_follow_the_scheduler_through_preemption(policy, host, seed):
         for c in (*plan.decodes, *plan.prefills):  # after the step, the runner's tables are the scheduler's
             assert batch.table(c.stream_id) == fake.block_tables.tables[c.stream_id] == \
                 engine.scheduler.streams[c.stream_id].block_ids
+            # The host mirror decode slots are read from is the tensor's table, row for row.
+            assert batch.host_tables[batch.row_of[c.stream_id]] == batch.table(c.stream_id)
             checked["chunks"] += 1
             if c.first_block == 0:
                 fresh[c.stream_id] = fresh.get(c.stream_id, 0) + 1

@@ -116,6 +116,7 @@ class TorchModelRunner:
         self._default_gen = torch.Generator(device=self.device).manual_seed(mc.seed)
         self._generators: dict[str, torch.Generator] = {}
         self._params: dict[str, SamplingParams] = {}
+        self._not_greedy: set[str] = set()  # streams that sample (temperature > 0): none, and a step is one argmax
         self._restored: dict[str, bytes] = {}  # imported streams' generator states, until first scheduled
         log.info("loaded %s (%s, %s, %s attention, %d KV blocks)", self.model_dir, self.device, self.dtype,
                  self.backend.name, cc.num_device_blocks)
@@ -149,8 +150,11 @@ class TorchModelRunner:
         for sid in plan.finished:
             self._generators.pop(sid, None)
             self._params.pop(sid, None)
+            self._not_greedy.discard(sid)
         for sid, params in plan.new_streams:
             self._params[sid] = params
+            if not params.greedy:
+                self._not_greedy.add(sid)
             restored = self._restored.pop(sid, None)
             if restored is not None:  # a migrated stream continues its generator where it left off
                 self._generators[sid] = torch.Generator(device=self.device)
@@ -180,9 +184,13 @@ class TorchModelRunner:
             # A decode-only step samples every row: no gather of the hidden states.
             h = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
             logits = self.model.compute_logits(h)
-            params = [self._params[s] for s in step.sample_ids]
-            gens = [self._generators.get(s, self._default_gen) for s in step.sample_ids]
-            sampled = dict(zip(step.sample_ids, sample(logits, params, gens)))
+            if not self._not_greedy:  # every live stream is greedy: what `sample` does then, without its lists
+                tokens = logits.argmax(dim=-1).tolist()
+            else:
+                params = [self._params[s] for s in step.sample_ids]
+                gens = [self._generators.get(s, self._default_gen) for s in step.sample_ids]
+                tokens = sample(logits, params, gens)
+            sampled = dict(zip(step.sample_ids, tokens))
             self.batch.last_sampled.update(sampled)
         return sampled
 

@@ -3,8 +3,8 @@ updated by the plans' diffs, and a step's attention metadata built from it with 
 
 As in vLLM's persistent batch, nothing is rebuilt from Python lists of whole tables: a stream joining gets a row,
 a new block is one element written, a stream leaving frees its row. Per step the decode metadata is
-`tables[rows, :width]` plus arithmetic on the positions; the only per-stream Python is reading each chunk's row and
-position into two small lists.
+`tables[rows, :width]` and one tensor of rows, positions, KV slots and tokens; the only per-stream Python is reading
+each chunk's row, position, slot (from a host mirror of the tables, kept by the same diffs) and token into lists.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class PersistentBatch:
         self.sdpa_mask = sdpa_mask  # the SDPA backend wants a [D, 1, 1, L] mask; the paged kernels read seq_lens
         self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=table_dtype, device=device)
         self.num_blocks: list[int] = [0] * max_rows  # blocks held per row (host-side, for widths and checks)
+        # The same tables on the host, kept by the same diffs: a decode's KV slot is then one Python lookup, and a
+        # decode step's inputs one tensor built from lists, not a chain of small device ops (vLLM keeps a numpy
+        # mirror of its block table for the same reason).
+        self.host_tables: list[list[int]] = [[] for _ in range(max_rows)]
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self.last_sampled: dict[str, int] = {}  # each stream's latest sampled token (for PENDING_TOKEN inputs)
@@ -70,6 +74,7 @@ class PersistentBatch:
                 cols.extend(range(first, first + n))
                 vals.extend(c.new_blocks)
                 self.num_blocks[row] = first + n
+                self.host_tables[row].extend(c.new_blocks)  # holds `first` blocks: checked above
         if rows:  # one scatter for the whole step's new blocks
             idx = torch.tensor([rows, cols], dtype=torch.long, device=self.device)
             self.tables[idx[0], idx[1]] = torch.tensor(vals, dtype=self.table_dtype, device=self.device)
@@ -78,6 +83,7 @@ class PersistentBatch:
         row = self.row_of.pop(sid, None)
         if row is not None:
             self.num_blocks[row] = 0
+            self.host_tables[row] = []
             self._free_rows.append(row)
 
     def _take_row(self) -> int:
@@ -85,6 +91,7 @@ class PersistentBatch:
             old = self.tables.shape[0]
             self.tables = torch.cat([self.tables, torch.zeros_like(self.tables)])
             self.num_blocks.extend([0] * old)
+            self.host_tables.extend([] for _ in range(old))
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         return self._free_rows.pop()
 
@@ -104,21 +111,28 @@ class PersistentBatch:
         tables = lens = mask = None
         slots = []
         pos_parts = []
+        packed = None
         if D:
-            rows = [self.row_of[c.stream_id] for c in decodes]
-            pos = [c.start_pos for c in decodes]
+            # Rows, positions, KV slots and input tokens in one pass and one tensor: [4, D].
+            row_of, host_tables = self.row_of, self.host_tables
+            rows, pos, dslots = [], [], []
             for i, c in enumerate(decodes):
+                sid, p = c.stream_id, c.start_pos
+                row = row_of[sid]
+                rows.append(row)
+                pos.append(p)
+                dslots.append(host_tables[row][p // bs] * bs + p % bs)
                 t = c.token_ids[0]
-                tokens.append(last[c.stream_id] if t == PENDING_TOKEN else t)
+                tokens.append(last[sid] if t == PENDING_TOKEN else t)
                 if c.sample:
                     sample_rows.append(i)
-                    sample_ids.append(c.stream_id)
-            rp = torch.tensor([rows, pos], dtype=torch.long, device=dev)
-            pos_t = rp[1]
+                    sample_ids.append(sid)
+            packed = torch.tensor([rows, pos, dslots, tokens], dtype=torch.long, device=dev)
+            pos_t = packed[1]
             width = max(pos) // bs + 1
-            tables = self.tables[:, :width].index_select(0, rp[0])  # [D, width], contiguous
+            tables = self.tables[:, :width].index_select(0, packed[0])  # [D, width], contiguous
             lens = (pos_t + 1).to(torch.int32)
-            slots.append(tables.gather(1, (pos_t // bs)[:, None]).squeeze(1).long() * bs + pos_t % bs)
+            slots.append(packed[2])
             pos_parts.append(pos_t)
             if self.sdpa_mask:
                 mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None]).view(D, 1, 1, width * bs)
@@ -141,5 +155,6 @@ class PersistentBatch:
         slot_mapping = slots[0] if len(slots) == 1 else torch.cat(slots)
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decodes=D, decode_block_tables=tables,
                                  decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=scale)
-        input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+        input_ids = packed[3] if packed is not None and not plan.prefills else \
+            torch.tensor(tokens, dtype=torch.long, device=dev)
         return StepInputs(input_ids, positions, meta, sample_rows, sample_ids)
