@@ -113,20 +113,17 @@ class PersistentBatch:
         pos_parts = []
         packed = None
         if D:
-            # Rows, positions, KV slots and input tokens in one pass and one tensor: [4, D].
+            # Rows, positions, KV slots and input tokens as list comprehensions and one tensor: [4, D].
             row_of, host_tables = self.row_of, self.host_tables
-            rows, pos, dslots = [], [], []
-            for i, c in enumerate(decodes):
-                sid, p = c.stream_id, c.start_pos
-                row = row_of[sid]
-                rows.append(row)
-                pos.append(p)
-                dslots.append(host_tables[row][p // bs] * bs + p % bs)
-                t = c.token_ids[0]
-                tokens.append(last[sid] if t == PENDING_TOKEN else t)
-                if c.sample:
-                    sample_rows.append(i)
-                    sample_ids.append(sid)
+            rows = [row_of[c.stream_id] for c in decodes]
+            pos = [c.start_pos for c in decodes]
+            dslots = [host_tables[r][p // bs] * bs + p % bs for r, p in zip(rows, pos)]
+            tokens = [c.token_ids[0] for c in decodes]
+            if PENDING_TOKEN in tokens:  # overlapped scheduling: the runner's own sampled tokens go in
+                tokens = [last[c.stream_id] if t == PENDING_TOKEN else t for c, t in zip(decodes, tokens)]
+            sample_ids = [c.stream_id for c in decodes if c.sample]
+            # A decode samples unless the step's token budget cut a longer chunk to one token.
+            sample_rows = list(range(D)) if len(sample_ids) == D else [i for i, c in enumerate(decodes) if c.sample]
             packed = torch.tensor([rows, pos, dslots, tokens], dtype=torch.long, device=dev)
             pos_t = packed[1]
             width = max(pos) // bs + 1
