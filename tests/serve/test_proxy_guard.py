@@ -53,6 +53,28 @@ def test_a_cut_event_stream_ends_with_an_error_event_and_done():
     assert "cmpl-abc" in err["message"]
 
 
+def test_an_app_that_raises_mid_stream_still_ends_the_stream_properly():
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        raise RuntimeError("the replica's stream failed")
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    try:
+        asyncio.run(ReplicaLossGuard(app)({"type": "http", "headers": []}, receive, send))
+    except RuntimeError:
+        pass  # re-raised for the server's log, after the answer
+    else:
+        raise AssertionError("the app's error was swallowed")
+    assert sent[-1]["more_body"] is False and sent[-1]["body"].endswith(b"data: [DONE]\n\n")
+
+
 def test_no_response_at_all_becomes_an_openai_shaped_503():
     async def app(scope, receive, send):  # the replica died before it answered: the proxy sends nothing
         return None

@@ -95,13 +95,15 @@ class ReplicaLossGuard:
                 seen.ended = True
             await send(message)
 
-        await self.app(scope, watch_receive, watch_send)
-        if seen.ended or seen.client_gone or (seen.started and not seen.event_stream):
-            return  # a cut JSON body has no repair: the client sees a short body, as from any server
         try:
-            await self._answer(scope, seen, send)
-        except Exception:  # the client went away meanwhile: nothing to tell it
-            log.debug("could not answer for a lost replica", exc_info=True)
+            await self.app(scope, watch_receive, watch_send)
+        finally:  # returned without finishing (Serve's proxy, for a dead replica) or raised: answer, then go on
+            if not (seen.ended or seen.client_gone or (seen.started and not seen.event_stream)):
+                # (a cut JSON body has no repair: the client sees a short body, as from any server)
+                try:
+                    await self._answer(scope, seen, send)
+                except Exception:  # the client went away meanwhile: nothing to tell it
+                    log.debug("could not answer for a lost replica", exc_info=True)
 
     @staticmethod
     async def _answer(scope: dict, seen: _Seen, send: Any) -> None:
