@@ -37,7 +37,7 @@ def test_the_prompt_mix_is_seeded_and_leaves_the_rest_of_the_burst_alone():
 
 def test_config_checks_and_one_app_per_router():
     for bad in ({"long_prompt_share": 1.5}, {"long_prompt_share": -0.1}, {"long_prompt_tokens": 0},
-                {"long_prompt_tokens": 1400}):  # 1.5x 1400 + 1.5x 192 > the model's 2048 positions
+                {"long_prompt_tokens": 1400, "long_prompt_share": 0.15}):  # 1.5x 1400 + 1.5x 192 > 2048 positions
         with pytest.raises(ValueError, match="long_prompt"):
             RoutingBenchConfig(**bad)
     assert RoutingBenchConfig(long_prompt_share=0.0, long_prompt_tokens=1400).long_prompts() == {}

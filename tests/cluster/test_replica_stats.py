@@ -81,17 +81,7 @@ def test_a_stream_mid_prefill_has_no_buffer_slack_to_protect_yet():
     (stream,) = engine.scheduler.streams.values()
     assert stream.status == StreamStatus.RUNNING and stream.first_token_time is None
     assert engine.stats().min_buffer_s == 0.0  # the engine's own figure counts it, at zero
-    rs = replica_stats_from_engine(engine)
-    assert rs.min_buffer_s is None
-    # Its prompt's rest is prefill still to do, and blocks still to claim, though it waits no more: a newcomer
-    # queues behind those chunks.
-    assert rs.num_waiting == 0 and 0 < stream.num_uncomputed_tokens < 40
-    cost = engine.scheduler.cost
-    assert rs.queued_prefill_s == pytest.approx(cost.t_recompute(stream.num_uncomputed_tokens))
-    assert rs.queued_prefill_s > 0
-    assert rs.waiting_prompt_blocks == 40 // 8 - len(stream.block_ids) > 0
+    assert replica_stats_from_engine(engine).min_buffer_s is None
     step_engine(engine, 3)
     assert stream.first_token_time is not None
-    rs = replica_stats_from_engine(engine)
-    assert rs.min_buffer_s == pytest.approx(stream.buffer_s(engine.clock.now()))
-    assert (rs.queued_prefill_s, rs.waiting_prompt_blocks) == (0.0, 0)  # decoding: no prefill left
+    assert replica_stats_from_engine(engine).min_buffer_s == pytest.approx(stream.buffer_s(engine.clock.now()))

@@ -11,10 +11,8 @@ from tokenflow_ray.cluster.inflight import InflightLedger, InflightLoad
 from tokenflow_ray.cluster.replica_stats import ReplicaStats
 from tokenflow_ray.cluster.routing import (
     NewStream,
-    PrefillCost,
     SlackRouterConfig,
     http_prompt_tokens,
-    prefill_backlog,
     prefill_queue,
     prompt_tokens_estimate,
     rank_replicas,
@@ -62,23 +60,6 @@ def test_a_replica_whose_memory_is_full_is_avoided_even_with_a_shorter_queue():
     assert rank({"a": claimed, "b": queued}) == ["b", "a"]
     booked = stats(device_blocks_free=6)
     assert rank({"a": booked, "b": queued}, {"a": InflightLoad(1, 0.0, ((0.0, 70),))}) == ["b", "a"]  # 5 blocks booked
-
-
-def test_a_full_device_with_host_room_costs_a_pause_not_a_wait():
-    """Past its device pool a replica pauses a stream to its host store to start the newcomer (spill_penalty_s);
-    only when the host is full too does the newcomer wait (memory_penalty_s). Priced as a wait, a device just
-    past full lost to a 0.2 s queue elsewhere."""
-    spill = stats(device_blocks_free=1)  # the 32-token prompt needs 2 blocks; the host has 1024 free
-    queued = stats(num_waiting=5, num_live=5, queued_prefill_s=0.2, waiting_prompt_blocks=10)
-    assert score_replica("a", spill, InflightLoad(), NEW, CFG).score_s == pytest.approx(
-        score_replica("a", stats(), InflightLoad(), NEW, CFG).score_s + CFG.spill_penalty_s)
-    assert rank({"a": spill, "b": queued}) == ["a", "b"]
-    full = stats(device_blocks_free=1, host_blocks_free=0)
-    assert rank({"a": full, "b": queued}) == ["b", "a"]
-    # Blocks claimed by waiting and booked prompts count against the host's room as well.
-    claimed = stats(device_blocks_free=1, host_blocks_free=20, waiting_prompt_blocks=10)
-    assert rank({"a": claimed, "b": queued}, {"a": InflightLoad(1, 0.0, ((0.0, 160),))}) == ["b", "a"]
-    assert rank({"a": spill, "b": queued}, cfg=SlackRouterConfig(spill_penalty_s=1.0)) == ["b", "a"]
 
 
 def test_memory_penalty_knob():
@@ -155,79 +136,6 @@ def test_the_stats_queue_drains_with_time_and_bookings_count_ahead_while_startin
     # Drained work no longer delays the newcomer: the same estimate as an idle replica's.
     assert score_replica("a", s, InflightLoad(), NEW, CFG, now=101.0).ttft_s == \
         pytest.approx(score_replica("b", stats(), InflightLoad(), NEW, CFG).ttft_s)
-
-
-def _book(loads: dict, rid: str, t: float, new: NewStream) -> None:
-    old = loads[rid]
-    loads[rid] = InflightLoad(old.count + 1, old.rate + new.rate, (*old.pending, (t, new.prompt_tokens)), t)
-
-
-def test_short_streams_do_not_stack_behind_a_booked_long_prefill():
-    """A 1500-token prompt booked on `a` keeps its prefill busy ~0.5 s (3 chunks of 10 ms + 0.31 ms a token), of
-    which all but the start window (`starting_s`, where the count of streams ahead sees it) is priced. Short
-    streams arriving 0.12 s apart (each booking past `starting_s` by the next) go to `b` until that prefill is
-    done, then `a` takes its turn. Unpriced, the bookings balanced by count and demand: the second short one went
-    to `a` (less demand there) and queued behind the long prefill for ~0.3 s while `b` was free."""
-    twins = {"a": stats(), "b": stats()}
-    long = NewStream(rate=2.5, prompt_tokens=1500)
-    short = NewStream(rate=17.5, prompt_tokens=32)
-    loads = {"a": InflightLoad(), "b": InflightLoad()}
-    assert rank_replicas(twins, loads, long, CFG, 100.0)[0] == "a"  # equal: the smaller id
-    _book(loads, "a", 100.0, long)
-    done = 100.0 + stats().prefill_s(1500) - CFG.starting_s
-    picks = []
-    for t in (100.12, 100.24, 100.36, 100.5):
-        scores = {rid: score_replica(rid, s, loads[rid], short, CFG, t) for rid, s in twins.items()}
-        rid = rank_replicas(twins, loads, short, CFG, t)[0]
-        if t < done:  # the long prefill is priced, the short ones booked on b are left to the count
-            assert scores["a"].ttft_s == pytest.approx(scores["b"].ttft_s + done - t)
-            assert (scores["a"].ahead, scores["b"].ahead) == (1, 0)  # ... and ahead there, past starting_s
-        _book(loads, rid, t, short)
-        picks.append(rid)
-    assert picks == ["b", "b", "b", "a"]
-
-
-def test_booked_prefills_queue_one_after_another_and_drain_with_time():
-    s = stats(computed_at=100.0, num_waiting=1, num_live=1, queued_prefill_s=0.1, waiting_prompt_blocks=2)
-    cost = PrefillCost.of(s)
-    assert cost.seconds(1024) == pytest.approx(s.prefill_s(1024)) and cost.seconds(0) == 0.0
-    one = cost.seconds(640) - CFG.starting_s  # 2 chunks: 0.22 s, less the start window
-    # Booked at 100.05, behind the stats' queue (done at 100.1); booked at 100.0 after it: start at 100.1 + one.
-    booked = InflightLoad(2, 0.0, ((100.05, 640), (100.0, 640)))  # out of order (re-booked): sorted by time
-    wait, ahead = prefill_backlog(s, booked, CFG, 100.2)
-    assert wait == pytest.approx(100.1 + 2 * one - 100.2) and ahead == 2
-    # Long after: everything has drained, nothing is ahead.
-    assert prefill_backlog(s, booked, CFG, 102.0) == (0.0, 0)
-    # A booking made after an idle gap starts when it is booked, not when the queue was done.
-    late = InflightLoad(1, 0.0, ((101.0, 640),))
-    assert prefill_backlog(s, late, CFG, 101.1)[0] == pytest.approx(101.0 + one - 101.1)
-    # A short prompt's prefill (20 ms) is left to the count of streams ahead while it may be starting.
-    short = InflightLoad(1, 0.0, ((101.0, 32),))
-    assert prefill_backlog(s, short, CFG, 101.05) == (0.0, 1)
-    assert prefill_backlog(s, short, CFG, 101.15) == (0.0, 0)
-    # No clock: the snapshot's own time, nothing drained, every booking queued and ahead.
-    assert prefill_backlog(s, booked, CFG, None) == (pytest.approx(0.1 + 2 * one), 1 + 2)
-    assert score_replica("a", s, booked, NEW, CFG).ttft_s == \
-        pytest.approx(s.decode_step_s + 0.1 + 2 * one + s.prefill_s(NEW.prompt_tokens))
-    # With no start window every second is priced.
-    whole = SlackRouterConfig(starting_s=0.0)
-    assert prefill_backlog(s, booked, whole, None)[0] == pytest.approx(0.1 + 2 * cost.seconds(640))
-
-
-def test_bookings_are_priced_at_the_cheapest_candidates_cost_the_newcomer_at_its_own():
-    cold = stats(prefill_fixed_s=0.02, prefill_s_per_token=0.0005, prefill_chunk_tokens=512)  # priors
-    warm = stats(prefill_fixed_s=0.003, prefill_s_per_token=0.0002, prefill_chunk_tokens=256)
-    cheapest = PrefillCost.cheapest([cold, warm])
-    assert cheapest == PrefillCost(0.003, 0.0002, 256)
-    booked = InflightLoad(1, 0.0, ((100.0, 1000),))
-    own = score_replica("cold", cold, booked, NEW, CFG, 100.0)
-    fair = score_replica("cold", cold, booked, NEW, CFG, 100.0, cheapest)
-    assert own.ttft_s - fair.ttft_s == pytest.approx(PrefillCost.of(cold).seconds(1000) - cheapest.seconds(1000))
-    assert fair.ttft_s == pytest.approx(cold.decode_step_s + cheapest.seconds(1000) - CFG.starting_s
-                                        + cold.prefill_s(32))
-    # Between a slow and a fast replica with nothing booked, each prices the newcomer's prefill at its own cost.
-    slow = stats(prefill_fixed_s=0.05, prefill_s_per_token=0.002)
-    assert rank_replicas({"slow": slow, "fast": stats()}, {}, NewStream(10.0, 400), CFG, 100.0) == ["fast", "slow"]
 
 
 def test_a_stale_replica_is_not_shunned_for_bookings_a_fresh_one_has_absorbed():
@@ -364,7 +272,7 @@ def test_prompt_estimates_and_their_knob():
 
 
 def test_config_and_stats_are_validated():
-    for bad in ({"overload_horizon_s": -1}, {"inflight_ttl_s": 0}, {"spill_penalty_s": -0.1}, {"bytes_per_token": float("inf")},
+    for bad in ({"overload_horizon_s": -1}, {"inflight_ttl_s": 0}, {"bytes_per_token": float("inf")},
                 {"default_rate": -0.5}, {"http_envelope_bytes": -1}, {"http_envelope_bytes": 1.5}):
         with pytest.raises(ValueError):
             SlackRouterConfig(**bad)

@@ -306,7 +306,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
-    p.add_argument("--long-prompt-share", type=float, default=0.15,
+    p.add_argument("--long-prompt-share", type=float, default=0.0,
                    help="share of streams with a long context prompt (seeded; 0: short prompts only)")
     p.add_argument("--long-prompt-tokens", type=int, default=1024,
                    help="mean long prompt length in tokens (each 0.5x-1.5x)")

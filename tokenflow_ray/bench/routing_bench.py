@@ -13,9 +13,9 @@ about as many tokens), and `long_prompt_share` of the streams carry a long conte
 history) of `long_prompt_tokens` x [0.5, 1.5] tokens. Real traffic mixes both (RAG and multi-turn chat put
 hundreds to thousands of tokens before a short question), and that is where placement decides first-token
 latency: a long prefill holds its replica's steps for a few tenths of a second here, and every stream placed
-behind it waits. The default, 15% at 1024 (512-1536 tokens: with 1.5x of the outputs, within the embedded model's
-2048 positions), is a modest share of long contexts. `long_prompt_share=0` is the homogeneous burst of short
-prompts, where the routers differ by demand alone (the workload of earlier runs, drawn identically).
+behind it waits. The default is 0, the homogeneous burst of short prompts, where the routers differ by demand
+alone: the workload of README's figures. `--long-prompt-share 0.15` (at the default 1024: 512-1536 tokens, with
+1.5x of the outputs within the embedded model's 2048 positions) is a modest share of long contexts.
 
 Streams per replica are counted by the replicas themselves (ReplicaStats.admitted_total before and after, through
 the central actor's stats); the central actor's view of which replica each live stream is on, sampled while the
@@ -53,7 +53,7 @@ class RoutingBenchConfig:
     num_host_blocks: int = 1024
     timeout_s: float = 240.0  # per run
     sample_s: float = 0.2
-    long_prompt_share: float = 0.15  # streams with a long context (round(share x streams) of them, seeded)
+    long_prompt_share: float = 0.0  # streams with a long context (round(share x streams) of them, seeded)
     long_prompt_tokens: int = 1024  # their mean prompt length; each draws [0.5x, 1.5x]
 
     def __post_init__(self) -> None:

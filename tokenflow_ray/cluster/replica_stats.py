@@ -26,9 +26,7 @@ class ReplicaStats:
     device_blocks_free: int
     host_blocks_total: int
     host_blocks_free: int
-    # Device blocks the waiting streams need to start (their uncomputed tokens), and those running streams still
-    # in their prompt need to finish it.
-    waiting_prompt_blocks: int
+    waiting_prompt_blocks: int  # device blocks the waiting streams need to start (their uncomputed tokens)
     # Demand against decode capacity.
     sum_rate: float  # Σ declared rate of the working set (running, loading, paused): Eq. 6's admitted demand
     waiting_rate: float  # Σ declared rate of streams waiting to start: demand about to join
@@ -38,10 +36,7 @@ class ReplicaStats:
     # stream before its first token has no buffer to drain yet: its urgency is its TTFT, priced apart.
     min_buffer_s: float | None
     # Time to first token: what a newcomer queues behind, and the prefill cost model to price its own prefill.
-    # Prefill work still to do: the streams waiting to start, and the rest of the prompts admitted and prefilled in
-    # chunks (a 1500-token prompt runs for 3+ steps; counted with the waiting only, a replica busy with long prompts
-    # reported an empty queue while its newcomers waited seconds).
-    queued_prefill_s: float
+    queued_prefill_s: float  # prefill work of the streams waiting to start
     decode_step_s: float  # a step at the current running batch: what a newcomer waits out before its prefill
     prefill_fixed_s: float  # per chunk (the step's fixed cost)
     prefill_s_per_token: float
@@ -114,8 +109,6 @@ def replica_stats_from_engine(engine: Any, stats: Any = None, wall_time: float |
     waiting = [s for s in live if s.status == StreamStatus.WAITING]
     reading = [s for s in live if s.status == StreamStatus.RUNNING and s.rate > 0 and s.first_token_time is not None]
     uncomputed = [s.num_uncomputed_tokens for s in waiting]
-    # Running streams with more than their next decode token uncomputed are still in their prompt (chunked).
-    prefilling = [s for s in live if s.status == StreamStatus.RUNNING and s.num_uncomputed_tokens > 1]
     cost = sched.cost
     fit = cost.fit
     return ReplicaStats(
@@ -123,15 +116,13 @@ def replica_stats_from_engine(engine: Any, stats: Any = None, wall_time: float |
         block_size=engine.pool.block_size,
         device_blocks_total=stats.device_blocks_total, device_blocks_free=stats.device_blocks_free,
         host_blocks_total=stats.host_blocks_total, host_blocks_free=stats.host_blocks_free,
-        waiting_prompt_blocks=sum(engine.pool.blocks_for_tokens(n) for n in uncomputed)
-        + sum(max(0, engine.pool.blocks_for_tokens(s.num_tokens) - len(s.block_ids)) for s in prefilling),
+        waiting_prompt_blocks=sum(engine.pool.blocks_for_tokens(n) for n in uncomputed),
         # The view's working set counts a recompute-preempted stream (status WAITING, preempted before) as
         # working, so waiting_rate is the rest of the live demand, not a sum over `waiting`.
         sum_rate=view.sum_rate, waiting_rate=max(0.0, stats.sum_rate - view.sum_rate),
         capacity_tok_s=cost.decode_capacity_tok_s(view.max_device_batch),
         min_buffer_s=min((s.buffer_s(now) for s in reading), default=None),
-        queued_prefill_s=sum(cost.t_recompute(n) for n in uncomputed)
-        + sum(cost.t_recompute(s.num_uncomputed_tokens) for s in prefilling),
+        queued_prefill_s=sum(cost.t_recompute(n) for n in uncomputed),
         decode_step_s=fit.predict(stats.num_running),
         prefill_fixed_s=fit.fixed_s, prefill_s_per_token=fit.prefill_s,
         prefill_chunk_tokens=cost.prefill_chunk_tokens,

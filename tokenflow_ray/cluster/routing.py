@@ -3,22 +3,17 @@
 Every replica is priced in seconds, so the terms add up and heterogeneous replicas compare fairly:
 
     score = ttft + slack_stall + overload + memory + utilisation
-    ttft        = the step in progress at the replica's running batch + what is left of the prefill work queued
-                  there: the stats' queue at their time (waiting prompts and the rest of those being prefilled
-                  in chunks), then each stream this router booked there since (its prompt's prefill beyond the
-                  start window, from when it was booked), worked one after another and drained by the time since
-                  (stats are 0.3-1.5 s old when read) + this stream's own prefill (the replica's cost model
-                  prices each)
+    ttft        = the step in progress at the replica's running batch + what is left of the prefill queued there
+                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + this
+                  stream's own prefill (the replica's cost model prices each)
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
                   below its buffer slack" costs when it cannot be avoided)
     overload    = overload_horizon_s × (D − Γ)/D when the demand D = Σ rate (working set + waiting in the stats,
                   plus booked, less departed since them (inflight.py), plus this stream) exceeds the decode
                   capacity Γ: the share of time every reader there would starve
-    memory      = memory_penalty_s when the free device and host blocks, less what waiting and booked streams
-                  need, do not hold this stream's prompt: the stream waits (or someone is recomputed) before it
-                  starts; spill_penalty_s when only the device is short: someone is paused to the host store
-                  (a copy there and back, its reader living on its buffer meanwhile) before it starts
+    memory      = memory_penalty_s when the free device blocks, less what waiting and booked streams need, do not
+                  hold this stream's prompt: someone must be paused (or the stream waits) before it starts
     utilisation = utilisation_weight_s × D/Γ: between replicas that can all start it at once, the one with more
                   headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
 
@@ -41,17 +36,6 @@ estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale), which wou
 identical streams; capacity differences still count through the score's utilisation term and, near Γ, the
 overload term.
 
-Booked prefills are priced at the cheapest prefill cost among the candidates, not each replica's own: a booking's
-prompt is work known to be on its way, but a replica that has not stepped since it started still reports its
-cost model's priors (2.5x the learned costs here), and priced at those, 17 short streams booked on it over 0.8 s
-looked like 0.3 s of queue while its twin's learned costs put its own at nothing: the next 7 streams herded onto
-the twin. At the cheapest cost the booked work itself, not the estimate, tells replicas apart. Unpriced (the old
-rule), bookings only counted ahead for `starting_s`, so streams arriving a few tenths of a second apart balanced
-by count and stacked behind a replica's 1500-token prefill (0.3-0.5 s) while the other replica was free: every
-one of them got a slow first token. Only what outlasts the start window is priced (prefill_backlog): within it
-the booking counts as a stream ahead, and short prompts (20-40 ms) are left to that count as before. A booking
-counts ahead while it may still be starting or while its priced prefill runs.
-
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
 bookings keep a burst from herding.
@@ -72,13 +56,7 @@ from tokenflow_ray.cluster.replica_stats import ReplicaStats
 @dataclass(frozen=True)
 class SlackRouterConfig:
     overload_horizon_s: float = 10.0  # seconds of starvation an overload is priced over
-    memory_penalty_s: float = 1.0  # price of a replica where the prompt fits neither device nor host: it waits
-    # Price of a replica whose device is short but whose host store has room: a running stream is paused there
-    # first (a copy out and back; its reader lives on its buffer meanwhile). Priced as a wait (the full penalty,
-    # as before), a mixed burst over small device pools was steered by whichever replica's last stats had a few
-    # blocks left: seen in the router's decisions, one replica 22 blocks short and its twin 17 blocks free, the
-    # twin took 3 of the next 4 streams, though both had host room and neither a queue.
-    spill_penalty_s: float = 0.1
+    memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
     utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
     ttft_tolerance_s: float = 0.05  # scores this close are equal; streams ahead, live streams, demand decide
     # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
@@ -95,8 +73,7 @@ class SlackRouterConfig:
     http_envelope_bytes: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("overload_horizon_s", "memory_penalty_s", "spill_penalty_s", "utilisation_weight_s",
-                     "ttft_tolerance_s",
+        for name in ("overload_horizon_s", "memory_penalty_s", "utilisation_weight_s", "ttft_tolerance_s",
                      "default_rate", "starting_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -131,29 +108,6 @@ class ReplicaScore:
     last_booked_at: float  # this router's latest booking there
 
 
-@dataclass(frozen=True)
-class PrefillCost:
-    """A prefill price: the step's fixed cost once per chunk plus a cost per token (the replicas' cost model form)."""
-
-    fixed_s: float
-    per_token_s: float
-    chunk_tokens: int
-
-    @classmethod
-    def of(cls, stats: ReplicaStats) -> PrefillCost:
-        return cls(stats.prefill_fixed_s, stats.prefill_s_per_token, stats.prefill_chunk_tokens)
-
-    @classmethod
-    def cheapest(cls, stats: list[ReplicaStats]) -> PrefillCost:
-        """The least fixed and per-token costs among `stats` (each its own minimum), the smallest chunk."""
-        return cls(min(s.prefill_fixed_s for s in stats), min(s.prefill_s_per_token for s in stats),
-                   min(s.prefill_chunk_tokens for s in stats))
-
-    def seconds(self, num_tokens: int) -> float:
-        chunks = math.ceil(num_tokens / self.chunk_tokens) if num_tokens > 0 else 0
-        return chunks * self.fixed_s + num_tokens * self.per_token_s
-
-
 def prefill_queue(stats: ReplicaStats, now: float) -> tuple[float, int]:
     """(seconds until the prefills the snapshot showed waiting are done, how many are still to start) at `now`.
 
@@ -167,46 +121,11 @@ def prefill_queue(stats: ReplicaStats, now: float) -> tuple[float, int]:
     return left, math.ceil(stats.num_waiting * left / stats.queued_prefill_s - 1e-9)  # pro rata, less a hair
 
 
-def prefill_backlog(stats: ReplicaStats, inflight: InflightLoad, cfg: SlackRouterConfig, now: float | None,
-                    booked_cost: PrefillCost | None = None) -> tuple[float, int]:
-    """(seconds until the replica's known prefill work is done, streams still to start before a newcomer).
-
-    The stats' queue (prefill_queue), then each pending booking's prefill (`booked_cost`; None: the replica's own
-    cost model) less `starting_s`, started when it was booked or when the work before it is done, whichever is
-    later. A booking is ahead while it may still be starting (`starting_s`) or its priced prefill is not done.
-    `now` None: the snapshot's own time, nothing drained and every booking queued and ahead.
-
-    Less `starting_s`, because while a booking may still be starting it already counts as a stream ahead, which
-    the tie-break weighs before anything but the score: a short prompt's prefill (20-40 ms here) is left to that
-    count, as before bookings were priced. Priced in full, the serial estimate of a cluster of short bookings on
-    the replica whose stats were older outweighed the tolerance and split a burst of 64 short prompts 37/27
-    (`tokenflow bench routing --long-prompt-share 0`: effective 1014 against default's 1129 tok/s). A long
-    prompt's prefill (0.2-0.5 s) outlasts the window, and that is what the count cannot see.
-    """
-    cost = PrefillCost.of(stats) if booked_cost is None else booked_cost
-
-    def priced(tokens: int) -> float:  # what outlasts the start window, where the count of streams ahead sees it
-        return max(0.0, cost.seconds(tokens) - cfg.starting_s)
-
-    if now is None:
-        _, ahead = prefill_queue(stats, stats.computed_at)
-        return stats.queued_prefill_s + sum(priced(n) for n in inflight.prompt_tokens), ahead + len(inflight.pending)
-    _, ahead = prefill_queue(stats, now)
-    busy = min(stats.computed_at, now) + stats.queued_prefill_s  # when the stats' queue is (was) done
-    for booked_at, tokens in sorted(inflight.pending):  # re-booked ones may be out of order
-        busy = max(busy, booked_at) + priced(tokens)
-        if now - booked_at < cfg.starting_s or busy > now:
-            ahead += 1
-    return max(0.0, busy - now), ahead
-
-
 def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, new: NewStream,
-                  cfg: SlackRouterConfig, now: float | None = None,
-                  booked_cost: PrefillCost | None = None) -> ReplicaScore:
-    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting.
-    `booked_cost`: the price of the booked streams' prefills (None: the replica's own; rank_replicas passes the
-    candidates' cheapest)."""
-    wait, ahead = prefill_backlog(stats, inflight, cfg, now, booked_cost)
+                  cfg: SlackRouterConfig, now: float | None = None) -> ReplicaScore:
+    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting."""
+    wait, ahead = prefill_queue(stats, stats.computed_at if now is None else now)
+    ahead += sum(1 for booked_at, _ in inflight.pending if now is None or now - booked_at < cfg.starting_s)
     ttft = stats.decode_step_s + wait + stats.prefill_s(new.prompt_tokens)
     stall = 0.0 if stats.min_buffer_s is None else max(0.0, ttft - stats.min_buffer_s)
     demand = max(0.0, stats.demand_rate + inflight.rate) + new.rate  # departures can undercut stale stats
@@ -216,9 +135,7 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
         overload = cfg.overload_horizon_s * (demand - capacity) / demand
     free = (stats.device_blocks_free - stats.waiting_prompt_blocks
             - sum(stats.blocks_for(n) for n in inflight.prompt_tokens))
-    need = stats.blocks_for(new.prompt_tokens)
-    memory = 0.0 if free >= need else cfg.spill_penalty_s if free + stats.host_blocks_free >= need \
-        else cfg.memory_penalty_s
+    memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
     utilisation = cfg.utilisation_weight_s * used
     return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead,
@@ -235,8 +152,7 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
             return inflight.get(rid, InflightLoad()).count + (0 if s is None else s.num_live)
 
         return sorted(stats, key=lambda rid: (count(rid), inflight.get(rid, InflightLoad()).last_booked_at, rid))
-    cheapest = PrefillCost.cheapest([s for s in stats.values() if s is not None]) if stats else None
-    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now, cheapest)
+    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
                         for rid, s in stats.items() if s is not None),
                        key=lambda r: (r.score_s, r.replica_id))
     order: list[str] = []
