@@ -36,10 +36,9 @@ class PersistentBatch:
         self.table_dtype = table_dtype
         self.sdpa_mask = sdpa_mask  # the SDPA backend wants a [D, 1, 1, L] mask; the paged kernels read seq_lens
         self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=table_dtype, device=device)
-        self.num_blocks: list[int] = [0] * max_rows  # blocks held per row (host-side, for widths and checks)
         # The same tables on the host, kept by the same diffs: a decode's KV slot is then one Python lookup, and a
         # decode step's inputs one tensor built from lists, not a chain of small device ops (vLLM keeps a numpy
-        # mirror of its block table for the same reason).
+        # mirror of its block table for the same reason). A row's length is the blocks it holds (widths, checks).
         self.host_tables: list[list[int]] = [[] for _ in range(max_rows)]
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_rows - 1, -1, -1))
@@ -62,9 +61,9 @@ class PersistentBatch:
                 row = self.row_of[c.stream_id] = self._take_row()
             else:
                 row = self.row_of.get(c.stream_id)
-                if row is None or self.num_blocks[row] != c.first_block:
+                if row is None or len(self.host_tables[row]) != c.first_block:
                     raise RuntimeError(f"{c.stream_id}: block-table diff starts at {c.first_block}, the runner holds "
-                                       f"{None if row is None else self.num_blocks[row]} blocks")
+                                       f"{None if row is None else len(self.host_tables[row])} blocks")
             n = len(c.new_blocks)
             if n:
                 first = c.first_block
@@ -73,7 +72,6 @@ class PersistentBatch:
                 rows.extend([row] * n)
                 cols.extend(range(first, first + n))
                 vals.extend(c.new_blocks)
-                self.num_blocks[row] = first + n
                 self.host_tables[row].extend(c.new_blocks)  # holds `first` blocks: checked above
         if rows:  # one scatter for the whole step's new blocks
             idx = torch.tensor([rows, cols], dtype=torch.long, device=self.device)
@@ -82,7 +80,6 @@ class PersistentBatch:
     def _drop(self, sid: str) -> None:
         row = self.row_of.pop(sid, None)
         if row is not None:
-            self.num_blocks[row] = 0
             self.host_tables[row] = []
             self._free_rows.append(row)
 
@@ -90,14 +87,13 @@ class PersistentBatch:
         if not self._free_rows:  # more live streams than planned for: grow (rare; keeps any batch correct)
             old = self.tables.shape[0]
             self.tables = torch.cat([self.tables, torch.zeros_like(self.tables)])
-            self.num_blocks.extend([0] * old)
             self.host_tables.extend([] for _ in range(old))
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         return self._free_rows.pop()
 
     def table(self, sid: str) -> list[int]:
         row = self.row_of[sid]
-        return self.tables[row, :self.num_blocks[row]].tolist()
+        return self.tables[row, :len(self.host_tables[row])].tolist()
 
     # ---- one step's inputs -------------------------------------------------------------------------------------
     def inputs(self, plan: StepPlan, scale: float) -> StepInputs:
@@ -138,7 +134,7 @@ class PersistentBatch:
         for c in plan.prefills:
             n = len(c.token_ids)
             row = self.row_of[c.stream_id]
-            table = self.tables[row, :self.num_blocks[row]]
+            table = self.tables[row, :len(self.host_tables[row])]
             p = torch.arange(c.start_pos, c.start_pos + n, device=dev)
             slots.append(table[p // bs].long() * bs + p % bs)
             pos_parts.append(p)
