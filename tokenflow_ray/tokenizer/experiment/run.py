@@ -9,7 +9,7 @@ import numpy as np
 
 from .arms import ArmSpec, TrainSettings, run_arm, teacher_semantic_config
 from .data import DATASETS, make_data
-from .teacher import train_teacher
+from .teacher import teacher_steps_for, train_teacher
 
 MAIN_ARMS = (ArmSpec("P", w_sem=0.0), ArmSpec("S", w_dis=0.0), ArmSpec("TF"),
              ArmSpec("TF-sep", index_mode="separate"))
@@ -21,7 +21,8 @@ METRICS = ("psnr", "ssim", "digit_acc", "color_acc", "digit_acc_emb", "color_acc
 class ExperimentConfig:
     seeds: int = 3
     steps: int = 250  # tokenizer steps per arm (batch 64)
-    teacher_steps: int = 300
+    # None: the dataset's default (teacher.TEACHER_STEPS), resolved at use: the CLI replaces `dataset` afterwards
+    teacher_steps: int | None = None
     copies: int = 6  # colourings per source digit (1797 sources -> ~10.8k images)
     side: int = 16
     codebook_size: int = 256  # equal K for every arm (§6: K <= 256 for ~10k images)
@@ -34,7 +35,7 @@ class ExperimentConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         for name in ("seeds", "steps", "teacher_steps", "copies", "codebook_size", "usage_window", "threads"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads > 2:
             raise ValueError("threads must be <= 2 on this shared box")
@@ -63,7 +64,8 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> dict:
     teacher_acc = []
     for seed in range(cfg.seeds):
         data = make_data(cfg.dataset, seed, copies=cfg.copies, side=cfg.side)
-        teacher = train_teacher(teacher_semantic_config(cfg.side), data.a, data.c, cfg.teacher_steps, seed)
+        teacher_steps = teacher_steps_for(cfg.dataset, cfg.teacher_steps)
+        teacher = train_teacher(teacher_semantic_config(cfg.side), data.a, data.c, teacher_steps, seed)
         teacher_acc.append(teacher.acc_c)
         log(f"seed {seed}: teacher digit acc on C {teacher.acc_c:.3f}")
         for spec in specs:
@@ -82,8 +84,9 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> dict:
         "tf_psnr_within_1db_of_p": bool(p["psnr"] - tf["psnr"] <= 1.0),
     }
     verdict["claim_holds"] = all(verdict.values())
-    return {"config": asdict(cfg), "arms": arms, "w_sweep": sweep, "teacher_digit_acc_c": teacher_acc,
-            "verdict": verdict, "runtime_s": time.perf_counter() - t_start,
+    return {"config": asdict(cfg), "teacher_steps": teacher_steps_for(cfg.dataset, cfg.teacher_steps),
+            "arms": arms, "w_sweep": sweep, "teacher_digit_acc_c": teacher_acc, "verdict": verdict,
+            "runtime_s": time.perf_counter() - t_start,
             "notes": "probes: logistic regression trained on split B, tested on C; digit_acc/color_acc use token "
                      "ids (one-hot per position), *_emb use the flattened quantised 40-d codes. TF-sep spends 2 "
                      "tokens per position and its NMI/perplexity are over (sem, pix) pairs."}

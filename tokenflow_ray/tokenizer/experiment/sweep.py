@@ -25,7 +25,7 @@ import numpy as np
 
 from .arms import ArmSpec, TrainSettings, arm_config, evaluate_arm, teacher_semantic_config, train_arm
 from .data import DATASETS, make_data
-from .teacher import train_teacher
+from .teacher import teacher_steps_for, train_teacher
 
 SWEEP_ARMS = ("P", "S", "TF", "PxS")
 METRICS = ("psnr", "ssim", "digit_acc", "color_acc", "digit_acc_emb", "usage", "perplexity", "nmi_digit",
@@ -39,7 +39,7 @@ class SweepConfig:
     codebook_sizes: tuple[int, ...] = (256, 1024, 4096)
     arms: tuple[str, ...] = SWEEP_ARMS
     steps: int = 150  # tokenizer steps per arm (batch 64)
-    teacher_steps: int = 300
+    teacher_steps: int | None = None  # None: the dataset's default (teacher.TEACHER_STEPS); rows record the number
     copies: int = 4  # colourings per source image
     side: int = 16
     threads: int = 1
@@ -53,8 +53,11 @@ class SweepConfig:
         for k in self.codebook_sizes:
             if k < 4 or math.isqrt(k) ** 2 != k:
                 raise ValueError(f"codebook sizes must be perfect squares >= 4 (PxS uses sqrt(K)), got {k}")
-        if min(self.steps, self.teacher_steps, self.copies, self.threads) < 1 or not self.seeds:
+        if min(self.steps, self.teacher_budget(), self.copies, self.threads) < 1 or not self.seeds:
             raise ValueError("steps, teacher_steps, copies, threads must be >= 1 and seeds non-empty")
+
+    def teacher_budget(self) -> int:
+        return teacher_steps_for(self.dataset, self.teacher_steps)
 
 
 def _spec(arm: str) -> ArmSpec:
@@ -71,8 +74,8 @@ def run_sweep(cfg: SweepConfig, log=print, on_row=None) -> list[dict]:
     rows = []
     for seed in cfg.seeds:
         data = make_data(cfg.dataset, seed, copies=cfg.copies, side=cfg.side)
-        teacher = train_teacher(teacher_semantic_config(cfg.side), data.a, data.c, cfg.teacher_steps, seed)
-        log(f"{cfg.dataset} seed {seed}: teacher class acc on C {teacher.acc_c:.3f}")
+        teacher = train_teacher(teacher_semantic_config(cfg.side), data.a, data.c, cfg.teacher_budget(), seed)
+        log(f"{cfg.dataset} seed {seed}: teacher class acc on C {teacher.acc_c:.3f} ({cfg.teacher_budget()} steps)")
         for k in cfg.codebook_sizes:
             for arm in cfg.arms:
                 t0 = time.perf_counter()
@@ -84,6 +87,7 @@ def run_sweep(cfg: SweepConfig, log=print, on_row=None) -> list[dict]:
                 m["seconds"] = time.perf_counter() - t0
                 m["bits_per_token"] = math.log2(k)
                 rows.append({"dataset": cfg.dataset, "seed": seed, "k": k, "arm": arm, "teacher_acc": teacher.acc_c,
+                             "teacher_steps": cfg.teacher_budget(),
                              **{key: float(v) for key, v in m.items()}})
                 if on_row is not None:
                     on_row(rows[-1])
@@ -100,7 +104,8 @@ def append_runs(path: str | Path, rows: list[dict], cfg: SweepConfig) -> dict:
     merged = {key(r): r for r in old["runs"]}
     merged.update({key(r): r for r in rows})
     configs = old.get("configs", [])
-    configs = configs if asdict(cfg) in configs else configs + [asdict(cfg)]
+    as_json = json.loads(json.dumps(asdict(cfg)))  # tuples -> lists, as the file holds them, so a rerun matches
+    configs = configs if as_json in configs else configs + [as_json]
     result = {"runs": sorted(merged.values(), key=key), "configs": configs}
     result["summary"] = summarize(result["runs"])
     file.write_text(json.dumps(result, indent=2))
