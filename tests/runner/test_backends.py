@@ -37,10 +37,15 @@ def test_cpu_float32_uses_the_compiled_paged_kernel():
                                    dict(block_size=16, heads=6, kv_heads=2, head_dim=64, decodes=9),
                                    dict(block_size=8, heads=4, kv_heads=4, head_dim=32),
                                    dict(block_size=32, heads=8, kv_heads=1, head_dim=64, decodes=1),
-                                   dict(block_size=16, heads=8, kv_heads=2, head_dim=128, decodes=5)])
+                                   dict(block_size=16, heads=8, kv_heads=2, head_dim=128, decodes=5),
+                                   dict(block_size=32, heads=6, kv_heads=2, head_dim=128, decodes=4),
+                                   dict(block_size=16, heads=10, kv_heads=2, head_dim=64, decodes=3),
+                                   dict(block_size=16, heads=14, kv_heads=2, head_dim=32, decodes=3),
+                                   dict(block_size=16, heads=4, kv_heads=2, head_dim=24, decodes=4)])
 def test_cpu_paged_kernel_matches_sdpa(shape):
-    """Decodes of random lengths (1 token up to 3 blocks, partial last blocks) plus a continued prefill chunk;
-    head_dim 64 and 128 take the vectorised path, others the scalar one."""
+    """Decodes of random lengths (1 token up to 3 blocks, partial last blocks) plus a continued prefill chunk.
+    head_dim 16/32/64/128 take the vector path, whose query heads go in groups of 4, 3, 2 or 1 (groups of 3 and
+    remainders 1-3: G = 3, 5, 7; block_size 8 and 32 split 16-token chunks unevenly); head_dim 24 the scalar one."""
     from tokenflow_ray.runner.gpu_check import paged_attention_parity
 
     kernel = CpuPagedAttention(load_paged_decode_attention())

@@ -1,13 +1,19 @@
 // Decode attention over the paged KV pool on CPU: one pass over each stream's blocks, no gather copy.
 //
 // q [D, H, hd] (one query token per stream), k_cache/v_cache [blocks, block_size, kv_heads, hd] (a layer's pool),
-// block_tables [D, W] int64, seq_lens [D] int64 (context length including the new token). The G = H / kv_heads
-// query heads of one KV head share each K/V row while it is in cache; softmax is online (running max and sum), so
-// each K and V row is read once. Work items are streams, spread over ATen's OpenMP threads.
+// block_tables [D, W] int64, seq_lens [D] int64 (context length including the new token).
+//
+// Work items are (stream, KV head) pairs, handed to ATen's threads from a shared counter. An item's G = H / kv_heads
+// query heads go through the context together, 16 tokens at a time: each K row is loaded once for every head of the
+// group, the 16 scores of a head come out of one transpose-and-add tree (not 16 horizontal sums), the softmax is
+// online (running max, lane-wise running sum, one vector exp per head and chunk), and each V row is loaded once and
+// added into every head's accumulator, which stay in registers. The next block's rows are prefetched: blocks lie
+// wherever the pool put them. head_dim 16/32/64/128 take this path; other sizes a scalar one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -20,52 +26,162 @@ namespace {
 
 using namespace tokenflow;
 
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+constexpr int kLanes = 16;
+
+template <int... I>
+inline v16 shuf(v16 a, v16 b) { return __builtin_shufflevector(a, b, I...); }
+
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+
+// r[t] = the sum of a[t]'s 16 lanes, t = 0..15: a transpose-and-add tree (15 adds, 30 two-source shuffles) instead
+// of 16 serial horizontal sums, which cost more than the dot products themselves.
+inline v16 reduce16x16(const v16* a) {
+  v16 b[8], c[4], d[2];
+  for (int j = 0; j < 8; ++j)
+    b[j] = shuf<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23>(a[2 * j], a[2 * j + 1]) +
+           shuf<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31>(a[2 * j], a[2 * j + 1]);
+  for (int j = 0; j < 4; ++j)
+    c[j] = shuf<0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27>(b[2 * j], b[2 * j + 1]) +
+           shuf<4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31>(b[2 * j], b[2 * j + 1]);
+  for (int j = 0; j < 2; ++j)
+    d[j] = shuf<0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29>(c[2 * j], c[2 * j + 1]) +
+           shuf<2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31>(c[2 * j], c[2 * j + 1]);
+  return shuf<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30>(d[0], d[1]) +
+         shuf<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31>(d[0], d[1]);
 }
 
-inline void axpy(float* __restrict y, const float* __restrict x, float a, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+inline float hmax16(v16 v) {
+  v = vmax(v, shuf<8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7>(v, v));
+  v = vmax(v, shuf<4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11>(v, v));
+  v = vmax(v, shuf<2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13>(v, v));
+  v = vmax(v, shuf<1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14>(v, v));
+  return v[0];
 }
 
-inline float hsum16(v16 v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
-}
+struct Shape {
+  int64_t H, G, kvh, hd, bs, W, block_stride, tok_stride;
+};
 
-// Scores of one query row against n K rows: 16 lanes of products per chunk, one horizontal sum per row.
-template <int C>
-inline void scores_v(const float* q, const float* k, int64_t stride, int64_t n, float scale, float* out) {
-  v16 qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = load16(q + 16 * c);
-  for (int64_t t = 0; t < n; ++t) {
-    const float* kr = k + t * stride;
-    v16 acc = qv[0] * load16(kr);
-    for (int c = 1; c < C; ++c) acc += qv[c] * load16(kr + 16 * c);
-    out[t] = hsum16(acc) * scale;
+// GB query heads of one KV head (C = hd / 16 vectors per row) attend over a stream's context, 16 context tokens
+// at a time, with an online softmax (running max, lane-wise running sum): each K and V row is loaded once for all GB
+// heads, and the GB heads' independent chains interleave (one head at a time was latency-bound).
+template <int C, int GB>
+void attend_group(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table,
+                  int64_t len, int64_t h, float scale, float* out) {
+  v16 qv[GB][C], acc[GB][C], lsum[GB];
+  float m[GB];
+  for (int g = 0; g < GB; ++g) {
+    for (int c = 0; c < C; ++c) {
+      qv[g][c] = load16(q + g * s.hd + c * kLanes);
+      acc[g][c] = splat(0.f);
+    }
+    lsum[g] = splat(0.f);
+    m[g] = -std::numeric_limits<float>::infinity();
+  }
+  const v16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
+  alignas(64) v16 a[GB][kLanes];
+  alignas(64) float p[GB][kLanes];
+  const int64_t nb = (len + s.bs - 1) / s.bs;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* kb = kp + table[b] * s.block_stride + h * s.hd;
+    const float* vb = vp + table[b] * s.block_stride + h * s.hd;
+    if (b + 1 < nb) {  // the next block's rows for this head: the block table scatters blocks over the pool
+      const int64_t off = table[b + 1] * s.block_stride + h * s.hd;
+      const int64_t rows = std::min(s.bs, len - (b + 1) * s.bs);
+      for (int64_t t = 0; t < rows; ++t)
+        for (int c = 0; c < C; ++c) {
+          __builtin_prefetch(kp + off + t * s.tok_stride + c * kLanes);
+          __builtin_prefetch(vp + off + t * s.tok_stride + c * kLanes);
+        }
+    }
+    const int64_t n_block = std::min(s.bs, len - b * s.bs);
+    for (int64_t t0 = 0; t0 < n_block; t0 += kLanes) {
+      const int n = static_cast<int>(std::min<int64_t>(kLanes, n_block - t0));
+      const float* kr0 = kb + t0 * s.tok_stride;
+      const float* vr0 = vb + t0 * s.tok_stride;
+      // Rows past the context may lie past the pool (block_size < 16): never read them.
+      for (int t = 0; t < n; ++t) {
+        v16 k[C];
+        for (int c = 0; c < C; ++c) k[c] = load16(kr0 + t * s.tok_stride + c * kLanes);
+        for (int g = 0; g < GB; ++g) {
+          v16 x = qv[g][0] * k[0];
+          for (int c = 1; c < C; ++c) x += qv[g][c] * k[c];
+          a[g][t] = x;
+        }
+      }
+      for (int t = n; t < kLanes; ++t)
+        for (int g = 0; g < GB; ++g) a[g][t] = splat(0.f);
+      const v16 valid = splat(static_cast<float>(n));
+      alignas(64) float shift[kLanes] = {0.f};
+      v16 sc[GB];
+      for (int g = 0; g < GB; ++g) {
+        sc[g] = reduce16x16(a[g]) * scale;
+        sc[g] = iota < valid ? sc[g] : neg_inf;
+        const float mb = std::max(m[g], hmax16(sc[g]));
+        shift[g] = m[g] - mb;  // exp(-inf) = 0 on the first chunk
+        m[g] = mb;
+      }
+      const v16 corr = exp16(load16(shift));  // the GB heads' rescale factors in one vector exp
+      for (int g = 0; g < GB; ++g) {
+        v16 pv = exp16(sc[g] - m[g]);
+        pv = iota < valid ? pv : splat(0.f);
+        lsum[g] = lsum[g] * corr[g] + pv;
+        store16(p[g], pv);
+        for (int c = 0; c < C; ++c) acc[g][c] *= corr[g];
+      }
+      for (int t = 0; t < n; ++t) {
+        v16 v[C];
+        for (int c = 0; c < C; ++c) v[c] = load16(vr0 + t * s.tok_stride + c * kLanes);
+        for (int g = 0; g < GB; ++g)
+          for (int c = 0; c < C; ++c) acc[g][c] += p[g][t] * v[c];
+      }
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    float l = 0.f;
+    for (int i = 0; i < kLanes; ++i) l += lsum[g][i];
+    const float inv = 1.f / l;
+    for (int c = 0; c < C; ++c) store16(out + g * s.hd + c * kLanes, acc[g][c] * inv);
   }
 }
 
-// acc (hd floats) = acc * correction + sum_t p[t] * V[t], with acc in registers across the n rows.
-template <int C>
-inline void pv_v(float* acc, float correction, const float* p, const float* v, int64_t stride, int64_t n) {
-  v16 a[C];
-  for (int c = 0; c < C; ++c) a[c] = load16(acc + 16 * c) * correction;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* vr = v + t * stride;
-    for (int c = 0; c < C; ++c) a[c] += p[t] * load16(vr + 16 * c);
+// All G query heads of KV head h, in groups of at most GB (GB * C accumulators fit the vector registers).
+template <int C, int GB>
+void attend(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table, int64_t len,
+            int64_t h, float scale, float* out) {
+  int64_t g = 0;
+  for (; g + GB <= s.G; g += GB) attend_group<C, GB>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd);
+  switch (s.G - g) {
+    case 0: break;
+    case 1: attend_group<C, 1>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+    case 2: attend_group<C, 2>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+    default: attend_group<C, 3>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
   }
-  for (int c = 0; c < C; ++c) store16(acc + 16 * c, a[c]);
 }
 
-inline void scale_(float* __restrict y, float a, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+// Any head_dim or group size: scalar loops, the same online softmax one row at a time.
+void attend_scalar(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table,
+                   int64_t len, int64_t h, float scale, float* out) {
+  const int64_t G = s.G, hd = s.hd;
+  std::vector<float> acc(G * hd, 0.f), l(G, 0.f), m(G, -std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t off = table[t / s.bs] * s.block_stride + (t % s.bs) * s.tok_stride + h * hd;
+    const float* kr = kp + off;
+    const float* vr = vp + off;
+    for (int64_t g = 0; g < G; ++g) {
+      float dot = 0.f;
+      for (int64_t i = 0; i < hd; ++i) dot += q[g * hd + i] * kr[i];
+      dot *= scale;
+      const float mb = std::max(m[g], dot);
+      const float correction = std::exp(m[g] - mb), pt = std::exp(dot - mb);
+      m[g] = mb;
+      l[g] = l[g] * correction + pt;
+      for (int64_t i = 0; i < hd; ++i) acc[g * hd + i] = acc[g * hd + i] * correction + pt * vr[i];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < hd; ++i) out[g * hd + i] = acc[g * hd + i] / l[g];
 }
 
 }  // namespace
@@ -82,7 +198,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
   const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), W = tables.size(1);
   TORCH_CHECK(k_cache.size(3) == hd && H % kvh == 0 && tables.size(0) == D && lens.size(0) == D, "bad shapes");
-  const int64_t G = H / kvh, block_stride = bs * kvh * hd, tok_stride = kvh * hd;
+  const Shape s{H, H / kvh, kvh, hd, bs, W, bs * kvh * hd, kvh * hd};
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
@@ -91,58 +207,21 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-
-  // One work item per stream, all its KV heads together: a token's K (or V) row holds every head, so a block is
-  // pulled from memory once and then read from L1 head by head.
-  at::parallel_for(0, D, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(H * hd), m(H), l(H), s(H * bs);
-    for (int64_t d = begin; d < end; ++d) {
-      const int64_t len = lp[d];
-      TORCH_CHECK(len > 0 && len <= W * bs, "seq_len out of range for the block table");
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t b = 0, nb = (len + bs - 1) / bs; b < nb; ++b) {
-        const int64_t n = std::min(bs, len - b * bs);
-        for (int64_t h = 0; h < kvh; ++h) {
-          const float* kb = kp + tp[d * W + b] * block_stride + h * hd;
-          const float* vb = vp + tp[d * W + b] * block_stride + h * hd;
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t qh = h * G + g;  // query head
-            const float* qd = qp + (d * H + qh) * hd;
-            float* sg = s.data() + qh * bs;
-            if (hd == 64) {
-              scores_v<4>(qd, kb, tok_stride, n, fscale, sg);
-            } else if (hd == 128) {
-              scores_v<8>(qd, kb, tok_stride, n, fscale, sg);
-            } else {
-              for (int64_t t = 0; t < n; ++t) sg[t] = dot(qd, kb + t * tok_stride, hd) * fscale;
-            }
-            float mb = m[qh];
-            for (int64_t t = 0; t < n; ++t) mb = std::max(mb, sg[t]);
-            const float correction = std::exp(m[qh] - mb);  // exp(-inf) = 0 on the first block
-            l[qh] *= correction;
-            m[qh] = mb;
-            for (int64_t t = 0; t < n; ++t) sg[t] -= mb;
-            exp_inplace(sg, n);  // vectorized: a scalar exp per score cost more than the dot products
-            for (int64_t t = 0; t < n; ++t) l[qh] += sg[t];
-            float* a = acc.data() + qh * hd;
-            if (hd == 64) {
-              pv_v<4>(a, correction, sg, vb, tok_stride, n);
-            } else if (hd == 128) {
-              pv_v<8>(a, correction, sg, vb, tok_stride, n);
-            } else {
-              scale_(a, correction, hd);
-              for (int64_t t = 0; t < n; ++t) axpy(a, vb + t * tok_stride, sg[t], hd);
-            }
-          }
-        }
-      }
-      for (int64_t qh = 0; qh < H; ++qh) {
-        float* o = op + (d * H + qh) * hd;
-        const float inv = 1.f / l[qh];
-        for (int64_t i = 0; i < hd; ++i) o[i] = acc[qh * hd + i] * inv;
-      }
+  for (int64_t d = 0; d < D; ++d)
+    TORCH_CHECK(lp[d] > 0 && lp[d] <= W * bs, "seq_len out of range for the block table");
+  auto fn = attend_scalar;
+  if (hd == 16) fn = s.G % 3 == 0 ? attend<1, 3> : attend<1, 4>;
+  else if (hd == 32) fn = s.G % 3 == 0 ? attend<2, 3> : attend<2, 4>;
+  else if (hd == 64) fn = s.G % 3 == 0 ? attend<4, 3> : attend<4, 4>;
+  else if (hd == 128) fn = attend<8, 2>;
+  const int64_t items = D * kvh;
+  // Work items handed out one at a time from a shared counter: streams of mixed lengths still split evenly.
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t d = i / kvh, h = i % kvh;
+      fn(s, qp + (d * H + h * s.G) * hd, kp, vp, tp + d * W, lp[d], h, fscale, op + (d * H + h * s.G) * hd);
     }
   });
   return out;

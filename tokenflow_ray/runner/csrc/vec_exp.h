@@ -41,16 +41,4 @@ inline v16 exp16(v16 x) {
   return p * reinterpret_cast<const v16&>(bits);
 }
 
-// x[i] = exp(x[i]) in place; the tail goes through a padded 16-float buffer.
-inline void exp_inplace(float* x, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store16(x + i, exp16(load16(x + i)));
-  if (i < n) {
-    float buf[16] = {0.f};
-    std::memcpy(buf, x + i, (n - i) * sizeof(float));
-    store16(buf, exp16(load16(buf)));
-    std::memcpy(x + i, buf, (n - i) * sizeof(float));
-  }
-}
-
 }  // namespace tokenflow
