@@ -381,12 +381,7 @@ class LLMEngine:
         text = ""
         state = self._text.get(stream.stream_id)
         if state is not None:
-            stops = state.stops
-            text = state.decoder.feed(token)
-            # No stop strings (the common case): nothing to hold back, as StopMatcher.push would return.
-            stopped = False
-            if stops.stops:
-                text, stopped = stops.push(text)
+            text, stopped = state.stops.push(state.decoder.feed(token))  # no stop strings: returned as is
             if stopped and not stream.status.finished:
                 self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED, now)
             elif stream.status.finished and not stopped:

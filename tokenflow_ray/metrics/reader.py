@@ -65,37 +65,29 @@ class ReaderModel:
         """n tokens were generated (emitted to the client) at time t."""
         t = self._check_now(t)
         check_count(n, "n", minimum=1)
-        if self._finished:
-            raise ValueError("on_tokens after finish(): the stream is finished")
-        self._advance(t)
-        self._bank_wait(t)
-        if self._first is None:
-            self._first = t
-            self._ready = t  # c_0 = g_0: the reader starts at the first token, not a stall
-        if self._runs and self._runs[-1][0] == t:
-            self._runs[-1] = (t, self._runs[-1][1] + n)
-        else:
-            self._runs.append((t, n))
-        self._generated += n
+        self._add_tokens(t, n)
 
     def buffer_then_token(self, t: float) -> int:
         """`buffer_at(t)` then `on_tokens(t)` for one token, checked and advanced once: the engine does this for
         every token it emits, so it is the hot path. Returns the buffer before the token."""
-        t = self._check_now(t)
-        self._advance(t)
-        buffered = self._generated - self._consumed
+        return self._add_tokens(self._check_now(t), 1)
+
+    def _add_tokens(self, t: float, n: int) -> int:
+        """n tokens generated at t (already checked); returns the buffer at t before them."""
         if self._finished:
             raise ValueError("on_tokens after finish(): the stream is finished")
+        self._advance(t)
+        buffered = self._generated - self._consumed
         self._bank_wait(t)
         if self._first is None:
             self._first = t
             self._ready = t  # c_0 = g_0: the reader starts at the first token, not a stall
         runs = self._runs
         if runs and runs[-1][0] == t:
-            runs[-1] = (t, runs[-1][1] + 1)
+            runs[-1] = (t, runs[-1][1] + n)
         else:
-            runs.append((t, 1))
-        self._generated += 1
+            runs.append((t, n))
+        self._generated += n
         return buffered
 
     def finish(self, t: float) -> None:

@@ -184,12 +184,9 @@ class TorchModelRunner:
             # A decode-only step samples every row: no gather of the hidden states.
             h = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
             logits = self.model.compute_logits(h)
-            if not self._not_greedy:  # every live stream is greedy: what `sample` does then, without its lists
-                tokens = logits.argmax(dim=-1).tolist()
-            else:
-                params = [self._params[s] for s in step.sample_ids]
-                gens = [self._generators.get(s, self._default_gen) for s in step.sample_ids]
-                tokens = sample(logits, params, gens)
+            not_greedy = self._not_greedy
+            tokens = sample(logits, [(row, self._params[s], self._generators.get(s, self._default_gen))
+                                     for row, s in enumerate(step.sample_ids) if s in not_greedy])
             sampled = dict(zip(step.sample_ids, tokens))
             self.batch.last_sampled.update(sampled)
         return sampled

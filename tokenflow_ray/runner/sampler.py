@@ -9,15 +9,12 @@ import torch
 from tokenflow_ray.engine.sampling import SamplingParams
 
 
-def sample(logits_SV: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[torch.Generator | None]) -> list[int]:
-    greedy = logits_SV.argmax(dim=-1).tolist()
-    if all(p.greedy for p in params):
-        return greedy
-    out = list(greedy)
-    for row, (p, gen) in enumerate(zip(params, generators)):
-        if p.greedy:
-            continue
+def sample(logits_SV: torch.Tensor,
+           random_rows: Sequence[tuple[int, SamplingParams, torch.Generator | None]] = ()) -> list[int]:
+    """One token per row: every row's argmax (greedy), then the rows that sample (temperature > 0), given as
+    (row, params, generator), drawn with their own generators. All-greedy steps (the common case) pass none."""
+    out = logits_SV.argmax(dim=-1).tolist()
+    for row, p, gen in random_rows:
         out[row] = _sample_row(logits_SV[row], p, gen)
     return out
 
