@@ -28,8 +28,8 @@ def stats(**over) -> ReplicaStats:
     base = dict(computed_at=100.0, block_size=16, device_blocks_total=256, device_blocks_free=256,
                 host_blocks_total=1024, host_blocks_free=1024, waiting_prompt_blocks=0, sum_rate=0.0,
                 waiting_rate=0.0, capacity_tok_s=500.0, min_buffer_s=None, queued_prefill_s=0.0, decode_step_s=0.01,
-                prefill_fixed_s=0.01, prefill_s_per_token=0.0003125, prefill_chunk_tokens=512, num_running=0,
-                num_paused=0, num_waiting=0, num_live=0)
+                prefill_fixed_s=0.01, prefill_s_per_token=0.0003125, prefill_chunk_tokens=512, prefill_samples=50,
+                num_running=0, num_paused=0, num_waiting=0, num_live=0)
     base.update(over)
     # Totals consistent with the live count unless given: admitted = finished + live.
     if "admitted_total" in base:
@@ -257,6 +257,29 @@ def test_replicas_without_stats_fall_back_to_an_even_spread_by_stream_count():
         ledger.book(f"q{i}", order[0], 0.0, 0.0, 8)
         picks.append(order[0])
     assert Counter(picks) == {"a": 2, "b": 2, "c": 2}
+
+
+def test_a_replica_that_has_run_no_prompt_is_priced_like_the_cheapest_measured_one():
+    """Its costs are the prior's guess (here 10x a measured twin's): priced by them it would never get the stream
+    it needs to learn from. Taken at the better of prior and measured peer, a burst spreads evenly, and it is
+    first while it holds fewer streams."""
+    measured = stats(prefill_fixed_s=0.002, prefill_s_per_token=0.00003, decode_step_s=0.004, num_running=2,
+                     num_live=2)
+    cold = stats(prefill_fixed_s=0.03, prefill_s_per_token=0.0005, decode_step_s=0.02, prefill_samples=0)
+    assert score_replica("cold", cold, InflightLoad(), NEW, CFG).ttft_s > \
+        score_replica("m", measured, InflightLoad(), NEW, CFG).ttft_s + CFG.ttft_tolerance_s  # beyond the tie
+    assert rank({"m": measured, "cold": cold}) == ["cold", "m"]  # tied on price; fewer streams first
+    ledger = InflightLedger()
+    for i in range(8):
+        order = rank({"m": measured, "cold": cold}, {r: ledger.load(r) for r in ("m", "cold")})
+        ledger.book(f"q{i}", order[0], now=0.0, rate=10.0, prompt_tokens=32)
+    assert Counter(ledger.replica_of(f"q{i}") for i in range(8)) == {"cold": 4, "m": 4}  # priced alone: 0/8
+    # An optimistic prior is kept, and with no measured replica at all every replica keeps its own prices.
+    cheap_prior = dataclasses.replace(cold, prefill_s_per_token=0.00001)
+    assert rank({"m": measured, "cold": cheap_prior})[0] == "cold"
+    assert rank({"b": dataclasses.replace(cold, prefill_s_per_token=0.005), "a": cold}) == ["a", "b"]
+    with pytest.raises(ValueError, match="prefill_samples"):
+        stats(prefill_samples=-1)
 
 
 def test_prompt_estimates_and_their_knob():

@@ -41,6 +41,9 @@ class ReplicaStats:
     prefill_fixed_s: float  # per chunk (the step's fixed cost)
     prefill_s_per_token: float
     prefill_chunk_tokens: int
+    # Steps with prefill the cost model learned from: 0 means the prefill and step costs above are the prior's (a
+    # replica that has run no prompt yet), which the router must not compare with measured ones.
+    prefill_samples: int
     # Streams.
     num_running: int
     num_paused: int  # preempted to the host store, or loading back
@@ -125,7 +128,7 @@ def replica_stats_from_engine(engine: Any, stats: Any = None, wall_time: float |
         queued_prefill_s=sum(cost.t_recompute(n) for n in uncomputed),
         decode_step_s=fit.predict(stats.num_running),
         prefill_fixed_s=fit.fixed_s, prefill_s_per_token=fit.prefill_s,
-        prefill_chunk_tokens=cost.prefill_chunk_tokens,
+        prefill_chunk_tokens=cost.prefill_chunk_tokens, prefill_samples=cost.steps.prefill_samples,
         num_running=stats.num_running, num_paused=stats.num_preempted, num_waiting=stats.num_waiting,
         num_live=stats.num_running + stats.num_preempted + stats.num_waiting,
         admitted_total=stats.streams_finished + len(live), finished_total=stats.streams_finished)

@@ -36,6 +36,12 @@ estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale), which wou
 identical streams; capacity differences still count through the score's utilisation term and, near Γ, the
 overload term.
 
+A replica whose cost model has not yet seen a prompt (`prefill_samples` 0: started, or never sent a stream) is
+priced as the better of its prior and the cheapest measured replica, cost by cost (optimism under uncertainty).
+Priced by its prior alone it never got a stream to learn from: the prior is a guess for any device (5e-4 s a prompt
+token; an H200's learned cost is 30x less), so in a simulated cluster of two H200s and two A6000s under Poisson
+arrivals one A6000 took 1 of 300 streams while its twin took 40 (`tokenflow simulate routing`).
+
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
 bookings keep a burst from herding.
@@ -47,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokenflow_ray.cluster.inflight import InflightLoad
 from tokenflow_ray.cluster.replica_stats import ReplicaStats
@@ -152,6 +158,10 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
             return inflight.get(rid, InflightLoad()).count + (0 if s is None else s.num_live)
 
         return sorted(stats, key=lambda rid: (count(rid), inflight.get(rid, InflightLoad()).last_booked_at, rid))
+    measured = [s for s in stats.values() if s is not None and s.prefill_samples > 0]
+    if measured and len(measured) < len(stats):
+        peer = min(measured, key=lambda s: (s.prefill_s(new.prompt_tokens), s.decode_step_s))
+        stats = {rid: s if s is None or s.prefill_samples > 0 else priced_like(s, peer) for rid, s in stats.items()}
     remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
                         for rid, s in stats.items() if s is not None),
                        key=lambda r: (r.score_s, r.replica_id))
@@ -163,6 +173,17 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
         tier.sort(key=lambda r: (r.ahead, r.streams, r.demand_tok_s, -r.free_share, r.last_booked_at, r.replica_id))
         order += [r.replica_id for r in tier]
     return order
+
+
+def priced_like(unmeasured: ReplicaStats, peer: ReplicaStats) -> ReplicaStats:
+    """`unmeasured`'s stats with each cost the better of its own (the prior's) and a measured `peer`'s; its queued
+    prefill rescaled to the cheaper per-token cost. Counts, memory and demand stay its own."""
+    per_token = min(unmeasured.prefill_s_per_token, peer.prefill_s_per_token)
+    scale = per_token / unmeasured.prefill_s_per_token if unmeasured.prefill_s_per_token > 0 else 1.0
+    return replace(unmeasured, decode_step_s=min(unmeasured.decode_step_s, peer.decode_step_s),
+                   prefill_fixed_s=min(unmeasured.prefill_fixed_s, peer.prefill_fixed_s),
+                   prefill_s_per_token=per_token, queued_prefill_s=unmeasured.queued_prefill_s * scale,
+                   capacity_tok_s=max(unmeasured.capacity_tok_s, peer.capacity_tok_s))
 
 
 def prompt_tokens_estimate(prompt: object, messages: object, cfg: SlackRouterConfig) -> int:

@@ -48,6 +48,7 @@ class StepTimeModel:
         self._xx = [[0.0] * 3 for _ in range(3)]  # Σ w·x·xᵀ
         self._xy = [0.0] * 3  # Σ w·x·y
         self.samples = 0
+        self.prefill_samples = 0  # steps with prefill tokens: until one, the prefill cost is the prior's alone
         self._fit: StepTimeFit | None = None
 
     def observe(self, decodes: int, prefill_tokens: int, compute_s: float) -> None:
@@ -60,6 +61,7 @@ class StepTimeModel:
             for j in range(3):
                 self._xx[i][j] = d * self._xx[i][j] + x[i] * x[j]
         self.samples += 1
+        self.prefill_samples += prefill_tokens > 0
         self._fit = None
 
     @property

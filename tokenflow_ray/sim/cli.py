@@ -50,10 +50,14 @@ def _simulate(args: argparse.Namespace) -> int:
     from tokenflow_ray.sim import experiments
 
     migration = _migration_settings(args)  # refused up front where it does not apply
+    if args.replica_gpus and args.action != "routing":
+        raise ValueError("--replica-gpus: only with `tokenflow simulate routing`")
     if args.action == "validate":
         return _validate(args)
     if args.action == "scale":
         return _scale(args)
+    if args.action == "routing":
+        return _routing(args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     if unknown := set(policies) - set(POLICY_NAMES):
         raise ValueError(f"--policy: unknown {sorted(unknown)}; choose from {', '.join(POLICY_NAMES)}")
@@ -157,6 +161,23 @@ def _scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _routing(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.sim.routing_compare import COMPARED, compare_routers, print_comparison
+
+    gpus = _names(args.replica_gpus) if args.replica_gpus else [args.gpu or "h200"] * max(2, args.replicas)
+    policy = args.policy.split(",")[-1].strip()
+    out = compare_routers(gpus, model=args.model, setups=_names(args.setup or "a,d"), routers=COMPARED,
+                          policy=policy, seed=args.seed, num_requests=args.requests, checks=not args.no_checks)
+    print_comparison(out)
+    write_json(args.json, out)
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from tokenflow_ray.sim.hardware import GPU_NAMES, MODEL_NAMES
     from tokenflow_ray.sim.setups import DEFAULT_RATE, SETUP_NAMES
@@ -164,12 +185,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("simulate", help="discrete-event simulator: the real scheduler on a GPU cost model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", nargs="?", default="run", choices=("run", "validate", "scale"),
-                   help="run (default): a setup; validate: CPU engine vs calibrated sim; scale: a large cluster")
+    p.add_argument("action", nargs="?", default="run", choices=("run", "validate", "scale", "routing"),
+                   help="run (default): a setup; validate: CPU engine vs calibrated sim; scale: a large cluster; "
+                        "routing: slack, pow2 and round_robin on the same requests (--replica-gpus, --setup a,d)")
     p.add_argument("--gpu", default=None, choices=GPU_NAMES, help="default h200 (4090 with --ablation)")
     p.add_argument("--model", default="llama3-8b", choices=MODEL_NAMES)
-    p.add_argument("--setup", default=None, choices=SETUP_NAMES,
-                   help="Table 1 setup (serving-paper.md §5); default a (b with --ablation)")
+    p.add_argument("--setup", default=None,
+                   help=f"Table 1 setup (serving-paper.md §5), one of {', '.join(SETUP_NAMES)}; default a (b with "
+                        "--ablation); routing: a comma-separated list (default a,d)")
+    p.add_argument("--replica-gpus", default=None,
+                   help=f"routing: one device per replica, comma-separated ({', '.join(GPU_NAMES)}), e.g. "
+                        "h200,h200,a6000,a6000; default --replicas (at least 2) of --gpu")
     p.add_argument("--policy", default="fcfs,andes,tokenflow", help="comma-separated policies")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--router", default="slack", choices=ROUTERS, help="with --replicas > 1")

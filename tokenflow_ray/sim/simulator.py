@@ -88,11 +88,18 @@ class Simulation:
     def __init__(self, setup: ReplicaSetup, num_replicas: int = 1, router: str = "slack",
                  router_config: SlackRouterConfig | None = None, stats_period_s: float = 0.5, checks: bool = True,
                  integrity: bool = False, seed: int = 0, migration: MigrationSettings | None = None,
-                 migration_link: MigrationLink | None = None, migration_on: bool = True) -> None:
+                 migration_link: MigrationLink | None = None, migration_on: bool = True,
+                 replica_setups: Sequence[ReplicaSetup] | None = None) -> None:
         """`migration`: run the central actor's table and relief policy (N > 1); `migration_on=False` feeds and
-        checks the table but moves nothing (the comparison run)."""
+        checks the table but moves nothing (the comparison run). `replica_setups`: one setup per replica (a
+        heterogeneous cluster: devices of several kinds serving one model); None: `num_replicas` of `setup`."""
         if num_replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {num_replicas!r}")
+        if replica_setups is not None:
+            if len(replica_setups) != num_replicas:
+                raise ValueError(f"replica_setups: one per replica ({num_replicas}), got {len(replica_setups)}")
+            if any(s.info != setup.info for s in replica_setups):
+                raise ValueError("replica_setups: every replica must serve the same model (ModelInfo)")
         if router not in ROUTERS:
             raise ValueError(f"router: expected one of {', '.join(ROUTERS)}, got {router!r}")
         if not stats_period_s > 0:
@@ -106,12 +113,12 @@ class Simulation:
         self._rng = random.Random(f"{seed}:router")
         self._rr = 0
         self._prompts: dict[int, tuple[int, ...]] = {}
-        cache = setup.engine.cache
         self.replicas: list[SimReplica] = []
-        for i in range(num_replicas):
-            runner = SimRunner(setup.info, setup.cost, cache.block_size, setup.link,
-                               overlap_copies=cache.overlap_copies, cpu_overhead_s=setup.cpu_overhead_s)
-            engine = LLMEngine(setup.engine, runner, tokenizer=None, clock=self.clock)
+        for i, rs in enumerate(replica_setups or [setup] * num_replicas):
+            cache = rs.engine.cache
+            runner = SimRunner(rs.info, rs.cost, cache.block_size, rs.link,
+                               overlap_copies=cache.overlap_copies, cpu_overhead_s=rs.cpu_overhead_s)
+            engine = LLMEngine(rs.engine, runner, tokenizer=None, clock=self.clock)
             checker = ConservationChecker(engine, integrity=integrity) if checks else None
             self.replicas.append(SimReplica(f"r{i:03d}", engine, runner, checker))
         self._heap: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, index, version)
