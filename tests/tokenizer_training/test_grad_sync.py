@@ -4,7 +4,6 @@ import datetime
 import queue
 import time
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -12,20 +11,13 @@ import torch.multiprocessing as mp
 RANK_TIMEOUT = datetime.timedelta(seconds=60)  # a rank whose peer never comes gives up instead of waiting forever
 
 
-def _rank(rank: int, init_method: str, out, shm: bool) -> None:
-    from tokenflow_ray.tokenizer.training.grad_sync import (
-        SharedSlots,
-        average_grads,
-        broadcast_params,
-        start_average,
-    )
+def _rank(rank: int, init_method: str, out) -> None:
+    from tokenflow_ray.tokenizer.training.grad_sync import average_grads, broadcast_params, start_average
 
     # A FileStore, not MASTER_PORT: a port picked free in advance can be taken by anyone before rank 0 binds it.
     # gloo's own connections then bind ports the OS chooses and exchange them through the store.
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2, timeout=RANK_TIMEOUT)
     try:
-        slots = SharedSlots.create(rank, 2) if shm else None
-        assert slots is not None or not shm  # both ranks on this host: the shared slots must be usable
         torch.manual_seed(rank)  # different weights per rank until the broadcast
         module = torch.nn.Linear(3, 2)
         broadcast_params([module])
@@ -33,11 +25,11 @@ def _rank(rank: int, init_method: str, out, shm: bool) -> None:
         both.grad = torch.full((4,), float(rank + 1))  # 1 and 2: average 1.5
         if rank == 0:
             only_rank0.grad = torch.full((4,), 4.0)  # (4 + 0) / 2
-        average_grads([both, only_rank0, nowhere], slots=slots)
+        average_grads([both, only_rank0, nowhere])
         # bf16 on the wire: the same rules; these values are exact in bfloat16, and the gradients stay fp32
         b16 = torch.nn.Parameter(torch.zeros(3))
         b16.grad = torch.full((3,), 3.0 * (rank + 1))  # 3 and 6: average 4.5
-        pending = start_average([b16], compress="bf16", slots=slots)
+        pending = start_average([b16], compress="bf16")
         pending.wait()
         # As numpy: a tensor on torch's queue is shared memory whose fd the reader fetches from this process, which may
         # have exited by then (FileNotFoundError on its listener socket).
@@ -61,10 +53,10 @@ def _results(procs, out, timeout_s: float) -> list:
     return [(r, *(None if a is None else torch.from_numpy(a) for a in arrays)) for r, *arrays in by_rank]
 
 
-def _run_ranks(target, tmp_path, *args) -> list:
+def test_flat_sync_averages_like_ddp(tmp_path):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, f"file://{tmp_path / 'store'}", out, *args)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, f"file://{tmp_path / 'store'}", out)) for r in range(2)]
     try:
         for p in procs:
             p.start()
@@ -77,12 +69,6 @@ def _run_ranks(target, tmp_path, *args) -> list:
             if p.exitcode is None:
                 p.kill()
             p.join()
-    return results
-
-
-@pytest.mark.parametrize("shm", [False, True], ids=["gloo", "shared-slots"])
-def test_flat_sync_averages_like_ddp(tmp_path, shm):
-    results = _run_ranks(_rank, tmp_path, shm)
     (_, w0, both0, only0, none0, b0), (_, w1, both1, only1, none1, b1) = results
     for b in (b0, b1):
         assert b.dtype == torch.float32 and torch.equal(b, torch.full((3,), 4.5))
@@ -91,48 +77,3 @@ def test_flat_sync_averages_like_ddp(tmp_path, shm):
         assert torch.equal(both, torch.full((4,), 1.5))
         assert torch.equal(only, torch.full((4,), 2.0))  # unused on rank 1: it contributed zeros, got the average
         assert nowhere is None  # unused on every rank: no gradient, so Adam skips it
-
-
-def _rank_compare(rank: int, init_method: str, out) -> None:
-    """The loop's pattern (two models' averages in flight at once, one more of the first shape started while it is
-    still in flight), over several steps: the shared slots against gloo, on the same gradients."""
-    from tokenflow_ray.tokenizer.training.grad_sync import SharedSlots, start_average
-
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2, timeout=RANK_TIMEOUT)
-    try:
-        slots = SharedSlots.create(rank, 2)
-        assert slots is not None
-        gen = torch.Generator().manual_seed(100 + rank)  # different gradients per rank
-        shapes = {"g": [(64, 33), (33,), (7, 3, 3, 3)], "d": [(5, 5), (5,)]}
-        mismatches, firsts = 0, []
-        for _ in range(6):
-            grads = {k: [torch.randn(s, generator=gen) for s in v] for k, v in shapes.items()}
-            averaged = {}
-            for transport in (None, slots):
-                params = {k: [torch.nn.Parameter(torch.zeros(g.shape)) for g in v] for k, v in grads.items()}
-                for k in params:
-                    for p, g in zip(params[k], grads[k]):
-                        p.grad = g.clone()
-                pg = start_average(params["g"], slots=transport)
-                pd = start_average(params["d"], slots=transport)
-                extra = [torch.nn.Parameter(torch.zeros(g.shape)) for g in grads["g"]]
-                for p, g in zip(extra, grads["g"]):
-                    p.grad = 2 * g
-                pe = start_average(extra, slots=transport)  # same shape as pg, pg in flight: falls back to gloo
-                pg.wait()
-                pd.wait()
-                pe.wait()
-                averaged[transport is None] = [p.grad for p in params["g"] + params["d"] + extra]
-            mismatches += sum(not torch.equal(a, b) for a, b in zip(averaged[True], averaged[False]))
-            firsts.append(averaged[False][0][0, 0].item())
-        out.put((rank, torch.tensor([mismatches]).numpy(), torch.tensor(firsts, dtype=torch.float64).numpy()))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_shared_slots_match_gloo_bitwise_and_ranks_agree(tmp_path):
-    ctx_results = _run_ranks(_rank_compare, tmp_path)
-    (_, mism0, firsts0), (_, mism1, firsts1) = ctx_results
-    assert int(mism0) == 0 and int(mism1) == 0  # same bits as gloo's sum, every step, both buffers
-    assert torch.equal(firsts0, firsts1)  # both ranks hold the same average
-    assert len(set(firsts0.tolist())) == len(firsts0)  # each step's average is that step's (no stale buffer read)

@@ -124,10 +124,6 @@ class ScalingSettings:
     grad_sync: str = "auto"
     # Gradient values on the wire: none (fp32) or bf16 (half the bytes; averaged in bf16, written back to fp32).
     grad_compress: str = "none"
-    # flat sync with every worker on one node (CPU): average through shared-memory slots instead of a gloo
-    # all-reduce, which costs 5-8 ms a call between 2 local workers on the 2-core dev box (training/grad_sync.py).
-    # Off until measured in the Ray Train bench (docs/tokenizer.md, training throughput).
-    shm_reduce: bool = False
     # Pin each worker to its own CPU(s) (torch_threads each) on its node: on a box with as many cores as workers,
     # stops the kernel moving workers between cores whenever a Ray process wakes (training/affinity.py).
     pin_cpus: bool = False

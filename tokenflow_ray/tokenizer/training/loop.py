@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .affinity import pin_this_worker
 from .checkpoint import TrainState, load_state, save_state
 from .config import TrainConfig
-from .grad_sync import SharedSlots, broadcast_params, start_average, world_size
+from .grad_sync import broadcast_params, start_average, world_size
 from .metrics import IntervalMeter
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,6 @@ def train_loop(loop_config: dict) -> dict:
             ema_params.append(p)
     if not ddp:
         broadcast_params([raw] + ([disc] if disc is not None else []))
-    slots = None  # every worker on one node: gradients average through shared memory, not gloo (grad_sync.py)
-    if (not ddp and world > 1 and cfg.scaling.shm_reduce and not cfg.scaling.use_gpu
-            and len({w["node_id"] for w in workers}) == 1):
-        slots = SharedSlots.create(rank, world)
     data = loop_config.get("data", {"indexed": False, "offset": 0, "num_rows": None})
     position = _Position(epoch, state.batch_in_epoch)
     batches = _batch_stream(shard, cfg, device, data, state.samples, position)
@@ -184,7 +180,7 @@ def train_loop(loop_config: dict) -> dict:
                 (out.loss / len(xs)).backward()
             if last_micro and not ddp:
                 t_sync = time.perf_counter()
-                pending_g = start_average(g_params, compress, slots)  # travels while D computes below
+                pending_g = start_average(g_params, compress)  # travels while D computes below
                 sync_s += time.perf_counter() - t_sync
             for k in LOSS_TERMS:
                 terms[k] += float(getattr(out, k).detach()) / len(xs)
@@ -196,7 +192,7 @@ def train_loop(loop_config: dict) -> dict:
         t_sync = time.perf_counter()
         # D's average travels while G's optimiser steps. D is never under DDP: it runs several times a step
         # (real, fake, inside G's loss), which DDP's reducer does not expect.
-        pending_d = start_average(list(disc.parameters()) if use_gan else [], compress, slots)
+        pending_d = start_average(list(disc.parameters()) if use_gan else [], compress)
         if pending_g is not None:
             pending_g.wait()
         sync_s += time.perf_counter() - t_sync
@@ -234,8 +230,6 @@ def train_loop(loop_config: dict) -> dict:
         else:
             ray.train.report(metrics)
         meter.restart_clock()  # why: images/s measures training, not the report/checkpoint just done
-    if slots is not None:
-        slots.close()
     return {"loss_curve": state.curve, "step": step}
 
 
