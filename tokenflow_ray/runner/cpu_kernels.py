@@ -12,6 +12,7 @@ import hashlib
 import logging
 import platform
 import shutil
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +21,10 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_decode_attention.cpp"
 FUSED_SOURCE = CSRC / "fused_ops.cpp"
+# A build takes about a minute here. torch's loader waits with no time limit on the lock file a build holds, and a
+# process killed by a signal (SIGTERM from `timeout`, SIGKILL) leaves that file behind: every later process, the
+# Serve replicas included, then hangs at its first engine. A lock this old has no live build behind it.
+STALE_BUILD_LOCK_S = 600.0
 
 
 def _cpu_tag() -> str:
@@ -49,15 +54,31 @@ def _build(name: str, source: Path, what: str, extra_cflags: tuple[str, ...] = (
     if not compiler_available():
         log.warning("no C++ compiler: %s falls back to torch ops (slower)", what)
         return None
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
 
+    full_name = f"{name}_{_cpu_tag()}_{_source_tag()}"
     try:
-        return load(name=f"{name}_{_cpu_tag()}_{_source_tag()}", sources=[str(source)],
+        drop_stale_build_lock(Path(_get_build_directory(full_name, verbose=False)))
+        return load(name=full_name, sources=[str(source)],
                     extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_cflags], extra_ldflags=["-fopenmp"],
                     verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:  # a failed build must not take the engine down
         log.warning("building the CPU kernel for %s failed (%s); falling back to torch ops", what, exc)
         return None
+
+
+def drop_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
+    """Remove `build_dir`'s lock file if it is older than `max_age_s` (left by a killed build); True if removed."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age <= max_age_s:
+        return False  # a build may be running in another process: wait for it, as the loader does
+    log.warning("removing a build lock %.0f s old with no build behind it (a killed build left it): %s", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 @functools.cache  # one build per process; the extension loader itself caches across processes
