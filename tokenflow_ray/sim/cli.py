@@ -162,20 +162,16 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _routing(args: argparse.Namespace) -> int:
-    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.bench.cli import _name_list, write_json
     from tokenflow_ray.sim.routing_compare import COMPARED, compare_routers, print_comparison
 
-    gpus = _names(args.replica_gpus) if args.replica_gpus else [args.gpu or "h200"] * max(2, args.replicas)
+    gpus = _name_list(args.replica_gpus) if args.replica_gpus else [args.gpu or "h200"] * max(2, args.replicas)
     policy = args.policy.split(",")[-1].strip()
-    out = compare_routers(gpus, model=args.model, setups=_names(args.setup or "a,d"), routers=COMPARED,
+    out = compare_routers(gpus, model=args.model, setups=_name_list(args.setup or "a,d"), routers=COMPARED,
                           policy=policy, seed=args.seed, num_requests=args.requests, checks=not args.no_checks)
     print_comparison(out)
     write_json(args.json, out)
     return 0
-
-
-def _names(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -62,9 +62,9 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> dict:
     specs = list(MAIN_ARMS) + [ArmSpec(f"TF(w={w:g})", w_dis=w) for w in cfg.sweep]
     results: dict[str, list[dict]] = {s.name: [] for s in specs}
     teacher_acc = []
+    teacher_steps = teacher_steps_for(cfg.dataset, cfg.teacher_steps)
     for seed in range(cfg.seeds):
         data = make_data(cfg.dataset, seed, copies=cfg.copies, side=cfg.side)
-        teacher_steps = teacher_steps_for(cfg.dataset, cfg.teacher_steps)
         teacher = train_teacher(teacher_semantic_config(cfg.side), data.a, data.c, teacher_steps, seed)
         teacher_acc.append(teacher.acc_c)
         log(f"seed {seed}: teacher digit acc on C {teacher.acc_c:.3f}")
@@ -84,7 +84,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> dict:
         "tf_psnr_within_1db_of_p": bool(p["psnr"] - tf["psnr"] <= 1.0),
     }
     verdict["claim_holds"] = all(verdict.values())
-    return {"config": asdict(cfg), "teacher_steps": teacher_steps_for(cfg.dataset, cfg.teacher_steps),
+    return {"config": asdict(cfg), "teacher_steps": teacher_steps,
             "arms": arms, "w_sweep": sweep, "teacher_digit_acc_c": teacher_acc, "verdict": verdict,
             "runtime_s": time.perf_counter() - t_start,
             "notes": "probes: logistic regression trained on split B, tested on C; digit_acc/color_acc use token "
