@@ -81,3 +81,29 @@ def test_paged_batch_of_the_gpu_check_runs_on_cpu():
                                                 kv_heads=2, head_dim=16, decodes=3, chunk=8)
     out = SdpaPagedAttention().forward(q, k, v, kc, vc, meta)
     assert out.shape == (q.shape[0], 4 * 16) and torch.isfinite(out).all()
+
+
+@needs_compiler
+@pytest.mark.parametrize("head_dim", [64, 24])
+def test_cpu_kernel_reads_persistent_tables_by_row(head_dim):
+    """The engine's form of the decode metadata (the whole persistent table, each stream's row and position, q a
+    strided view into a fused QKV output) gives exactly what the gathered table and lengths give; a row or a
+    length outside the table is an error, not a read out of bounds."""
+    kernel = load_paged_decode_attention()
+    g = torch.Generator().manual_seed(0)
+    blocks, bs, kvh, heads, D, R, W = 40, 16, 2, 6, 5, 12, 6
+    kc = torch.randn(blocks, bs, kvh, head_dim, generator=g)
+    vc = torch.randn(blocks, bs, kvh, head_dim, generator=g)
+    tables = torch.randint(0, blocks, (R, W), generator=g)
+    rows = torch.tensor([7, 0, 11, 3, 5])
+    positions = torch.tensor([0, 15, 16, 40, 95])  # one token, a full block, a block and one, partial, all W
+    qkv = torch.randn(D, (heads + 2 * kvh) * head_dim, generator=g)
+    q = qkv[:, :heads * head_dim].view(D, heads, head_dim)  # rows strided by the fused width
+    assert not q.is_contiguous()
+    got = kernel.paged_decode_attention_rows(q, kc, vc, tables, rows, positions, 0.125)
+    want = kernel.paged_decode_attention(q.contiguous(), kc, vc, tables[rows], positions + 1, 0.125)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="row out of range"):
+        kernel.paged_decode_attention_rows(q, kc, vc, tables, torch.tensor([7, 0, 12, 3, 5]), positions, 0.125)
+    with pytest.raises(RuntimeError, match="seq_len out of range"):
+        kernel.paged_decode_attention_rows(q, kc, vc, tables, rows, positions + 1, 0.125)

@@ -76,3 +76,20 @@ def test_bad_inputs_are_refused(ops):
         ops.rope_write_kv_(torch.zeros(1, 6), torch.zeros(1, dtype=torch.long), torch.zeros(4, 2),
                            torch.zeros(4, 2), torch.zeros(1, 2, 1, 2), torch.zeros(1, 2, 1, 2),
                            torch.tensor([5]), 1, 1, 2)
+
+
+def test_argmax_rows_is_torch_argmax_ties_and_nan_included(ops):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(33, 320, generator=g)
+    logits[3, [5, 200]] = 50.0  # a tie: the first index, as torch.argmax
+    logits[4, [7, 9]] = float("nan")  # NaN is the maximum, the first one
+    logits[5, 0] = float("nan")
+    logits[6] = float("-inf")
+    got = ops.argmax_rows(logits)
+    assert got == logits.argmax(dim=-1).tolist()
+    assert got[3] == 5 and got[4] == 7 and got[5] == 0 and got[6] == 0
+    assert ops.argmax_rows(torch.randn(1, 1)) == [0]
+    with pytest.raises(RuntimeError, match="argmax_rows"):
+        ops.argmax_rows(logits.t())  # not contiguous
+    with pytest.raises(RuntimeError, match="argmax_rows"):
+        ops.argmax_rows(logits.double())

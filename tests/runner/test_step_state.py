@@ -32,6 +32,10 @@ def test_tables_follow_the_scheduler_through_preemption(policy, host, seed):
                                     policy=policy, num_host_blocks=host)
     # Fewer rows than live streams over the run: rows are reused, and the tensor grows if it must.
     batch = PersistentBatch(max_rows=4, max_blocks_per_seq=64, block_size=bs, device=torch.device("cpu"))
+    # The CPU paged kernel's form of the same metadata, kept in lockstep: its rows and positions must name the
+    # same tables and lengths as the gathered ones.
+    by_row = PersistentBatch(max_rows=4, max_blocks_per_seq=64, block_size=bs, device=torch.device("cpu"),
+                             tables_by_row=True)
     rng = random.Random(seed)
     execute = fake.execute
     checked = {"chunks": 0}
@@ -39,8 +43,22 @@ def test_tables_follow_the_scheduler_through_preemption(policy, host, seed):
 
     def run(plan: StepPlan):
         batch.apply(plan)
+        by_row.apply(plan)
         if plan.decodes or plan.prefills:
             step = batch.inputs(plan, scale=1.0)
+            other = by_row.inputs(plan, scale=1.0)
+            assert other.meta.slot_mapping.tolist() == step.meta.slot_mapping.tolist()
+            assert other.input_ids.tolist() == step.input_ids.tolist()
+            if plan.decodes:
+                assert other.meta.decode_seq_lens is None
+                assert (other.meta.decode_positions + 1).tolist() == step.meta.decode_seq_lens.tolist()
+                width = step.meta.decode_block_tables.shape[1]
+                rows = other.meta.decode_block_tables[other.meta.decode_rows, :width]
+                for c, got, want in zip(plan.decodes, rows.tolist(), step.meta.decode_block_tables.tolist()):
+                    n = -(-(c.start_pos + 1) // bs)  # the blocks the kernel reads
+                    assert got[:n] == want[:n]
+            else:
+                assert other.meta.decode_rows is None
             assert step.meta.slot_mapping.tolist() == _expected_slots(fake.block_tables.tables | {
                 c.stream_id: engine.scheduler.streams[c.stream_id].block_ids
                 for c in (*plan.decodes, *plan.prefills)}, plan, bs)

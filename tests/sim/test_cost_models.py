@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 
 from tokenflow_ray.engine.plan import BlockCopy, ScheduledChunk, StepPlan
@@ -84,9 +82,8 @@ def _runner(overlap: bool = True) -> SimRunner:
 
 def _chunk(sid: str, n: int, start: int, sample: bool) -> ScheduledChunk:
     """A chunk with its block fields empty (the SimRunner reads only ids, lengths, positions and `sample`)."""
-    given = {"stream_id": sid, "token_ids": (1,) * n, "start_pos": start, "sample": sample}
-    rest = {f.name: (0 if f.type in ("int", int) else ()) for f in fields(ScheduledChunk) if f.name not in given}
-    return ScheduledChunk(**given, **rest)
+    return ScheduledChunk(stream_id=sid, token_ids=(1,) * n, start_pos=start, new_blocks=(), first_block=0,
+                          sample=sample)
 
 
 def _plan() -> StepPlan:

@@ -19,6 +19,7 @@ Preemption goes to the host store when the policy uses it and the store has room
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.config import CacheConfig, SchedulerConfig
@@ -214,25 +215,32 @@ class Scheduler:
         decodes: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
         forced = False
-        queue = [s for s in ranked if s.status == StreamStatus.RUNNING]
+        running = StreamStatus.RUNNING
+        queue = deque(s for s in ranked if s.status == running)
         held = self.policy.hold(queue, view)
+        skip = held | self._finishing if held else self._finishing
+        bs = self.pool.block_size
         while queue and budget > 0:
-            stream = queue.pop(0)
-            if stream.stream_id in held or stream.stream_id in self._finishing:
+            stream = queue.popleft()
+            if stream.stream_id in skip:
                 continue
-            n = self._chunk_len(stream, budget)
+            # Per running stream, every step: lengths read once, the chunk length and the block check inline.
+            computed = stream.num_computed_tokens
+            remaining = len(stream.prompt_token_ids) + len(stream.output_token_ids) - computed
+            n = remaining if remaining <= budget else self._chunk_len(stream, budget)
             if n == 0:
                 continue
-            while not self.kv.grow(stream, n):
-                victim = queue[-1] if queue else stream  # lowest-ranked running stream not yet served
-                self._preempt(victim, view)
-                preempted.append(victim.stream_id)
-                forced = True
-                if victim is stream:
-                    break
-                queue.remove(victim)
-            if stream.status != StreamStatus.RUNNING:
-                continue
+            if computed + n > len(stream.block_ids) * bs:  # needs a new block
+                while not self.kv.grow(stream, n):
+                    victim = queue[-1] if queue else stream  # lowest-ranked running stream not yet served
+                    self._preempt(victim, view)
+                    preempted.append(victim.stream_id)
+                    forced = True
+                    if victim is stream:
+                        break
+                    queue.remove(victim)
+                if stream.status != running:
+                    continue
             (decodes if n == 1 else prefills).append(self._chunk(stream, n))
             budget -= n
 
@@ -466,12 +474,17 @@ class Scheduler:
 
     def _chunk(self, stream: Stream, n: int) -> ScheduledChunk:
         start, blocks, sid = stream.num_computed_tokens, stream.block_ids, stream.stream_id
-        sent, held = self._table_sent.get(sid, 0), len(blocks)
-        self._table_sent[sid] = held
-        # Positional (every stream, every step): stream_id, token_ids, start_pos, new_blocks, first_block, sample.
-        return ScheduledChunk(sid, stream.token_ids(start, start + n), start,
-                              tuple(blocks[sent:]) if held > sent else (), sent,
-                              start + n == len(stream.prompt_token_ids) + len(stream.output_token_ids))
+        table_sent = self._table_sent
+        sent, held = table_sent.get(sid, 0), len(blocks)
+        if held != sent:
+            table_sent[sid] = held
+        prompt, out = stream.prompt_token_ids, stream.output_token_ids
+        p = len(prompt)
+        # A decode's one token, read directly (every running stream, every step); longer chunks slice.
+        tokens = (out[start - p],) if n == 1 and start >= p else stream.token_ids(start, start + n)
+        # Positional: stream_id, token_ids, start_pos, new_blocks, first_block, sample.
+        return ScheduledChunk(sid, tokens, start, tuple(blocks[sent:]) if held > sent else (), sent,
+                              start + n == p + len(out))
 
     def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)

@@ -41,6 +41,11 @@ class AttentionMetadata:
     prefills: list[PrefillSpan]
     scale: float
     kv_written: bool = False  # the model already wrote the step's K/V into the pool (fused RoPE + KV write)
+    # Set for the CPU paged kernel, which reads the persistent tables in place: `decode_block_tables` is then the
+    # whole [rows, max_blocks] table, decode d's row in it decode_rows[d], its context decode_positions[d] + 1 tokens
+    # (no gathered table and no lengths tensor to build each step; decode_seq_lens is None).
+    decode_rows: torch.Tensor | None = None  # [D] int64
+    decode_positions: torch.Tensor | None = None  # [D] int64
 
 
 class AttentionBackend(Protocol):
@@ -114,13 +119,18 @@ class CpuPagedAttention(SdpaPagedAttention):
         write_kv(k_THD, v_THD, k_cache, v_cache, meta)
         T, H, Dh = q_THD.shape
         if not meta.prefills:  # a decode-only step: the kernel's output is the whole result
-            return self._kernel.paged_decode_attention(q_THD, k_cache, v_cache, meta.decode_block_tables,
-                                                       meta.decode_seq_lens, meta.scale).view(T, H * Dh)
+            return self._decode(q_THD, k_cache, v_cache, meta).view(T, H * Dh)
         out_THD = torch.empty_like(q_THD)
-        out_THD[:D] = self._kernel.paged_decode_attention(q_THD[:D], k_cache, v_cache, meta.decode_block_tables,
-                                                          meta.decode_seq_lens, meta.scale)
+        out_THD[:D] = self._decode(q_THD[:D], k_cache, v_cache, meta)
         self._prefill(q_THD, k_THD, v_THD, k_cache, v_cache, meta, out_THD)
         return out_THD.view(T, H * Dh)
+
+    def _decode(self, q_DHD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.decode_rows is not None:
+            return self._kernel.paged_decode_attention_rows(q_DHD, k_cache, v_cache, meta.decode_block_tables,
+                                                            meta.decode_rows, meta.decode_positions, meta.scale)
+        return self._kernel.paged_decode_attention(q_DHD, k_cache, v_cache, meta.decode_block_tables,
+                                                   meta.decode_seq_lens, meta.scale)
 
 
 def _gather(cache: torch.Tensor, tables_DB: torch.Tensor) -> torch.Tensor:

@@ -83,6 +83,8 @@ class TorchModelRunner:
         max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
         self.model.build_rope_tables(max_len, self.device)
         self.fused_ops = bool(mc.fused_cpu_ops) and self.model.use_fused_cpu_ops()
+        # A greedy step's tokens from the compiled kernel (float32 CPU logits) rather than argmax + tolist.
+        self._argmax_rows = self.model.fused_ops.argmax_rows if self.fused_ops else None
         self.block_size = cc.block_size
         L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
         # One tensor for the whole pool: [layers, K/V, blocks, block_size, kv_heads, head_dim]. A block's KV for
@@ -97,7 +99,8 @@ class TorchModelRunner:
         self.batch = PersistentBatch(config.scheduler.max_num_seqs + 8,
                                      min(-(-max_len // cc.block_size), cc.num_device_blocks), cc.block_size,
                                      self.device, torch.int32 if self.backend.name == "flash" else torch.long,
-                                     sdpa_mask=self.backend.name == "sdpa")
+                                     sdpa_mask=self.backend.name == "sdpa",
+                                     tables_by_row=self.backend.name == "cpu_paged")
         self.graphs = None
         if use_graphs:
             from tokenflow_ray.runner.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
@@ -185,8 +188,9 @@ class TorchModelRunner:
             h = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
             logits = self.model.compute_logits(h)
             not_greedy = self._not_greedy
-            tokens = sample(logits, [(row, self._params[s], self._generators.get(s, self._default_gen))
-                                     for row, s in enumerate(step.sample_ids) if s in not_greedy])
+            random_rows = [(row, self._params[s], self._generators.get(s, self._default_gen))
+                           for row, s in enumerate(step.sample_ids) if s in not_greedy] if not_greedy else ()
+            tokens = sample(logits, random_rows, self._argmax_rows)
             sampled = dict(zip(step.sample_ids, tokens))
             self.batch.last_sampled.update(sampled)
         return sampled

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -10,10 +10,12 @@ from tokenflow_ray.engine.sampling import SamplingParams
 
 
 def sample(logits_SV: torch.Tensor,
-           random_rows: Sequence[tuple[int, SamplingParams, torch.Generator | None]] = ()) -> list[int]:
+           random_rows: Sequence[tuple[int, SamplingParams, torch.Generator | None]] = (),
+           argmax_rows: Callable[[torch.Tensor], list[int]] | None = None) -> list[int]:
     """One token per row: every row's argmax (greedy), then the rows that sample (temperature > 0), given as
-    (row, params, generator), drawn with their own generators. All-greedy steps (the common case) pass none."""
-    out = logits_SV.argmax(dim=-1).tolist()
+    (row, params, generator), drawn with their own generators. All-greedy steps (the common case) pass none.
+    `argmax_rows`: the compiled CPU kernel (fused_ops.argmax_rows), the same tokens as torch.argmax."""
+    out = argmax_rows(logits_SV) if argmax_rows is not None else logits_SV.argmax(dim=-1).tolist()
     for row, p, gen in random_rows:
         out[row] = _sample_row(logits_SV[row], p, gen)
     return out

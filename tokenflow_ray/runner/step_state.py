@@ -30,11 +30,16 @@ class StepInputs:
 
 class PersistentBatch:
     def __init__(self, max_rows: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
-                 table_dtype: torch.dtype = torch.long, sdpa_mask: bool = False) -> None:
+                 table_dtype: torch.dtype = torch.long, sdpa_mask: bool = False, tables_by_row: bool = False) -> None:
         self.block_size = block_size
         self.device = device
         self.table_dtype = table_dtype
         self.sdpa_mask = sdpa_mask  # the SDPA backend wants a [D, 1, 1, L] mask; the paged kernels read seq_lens
+        # The CPU paged kernel reads these tables by row and each length from its position: a decode step then
+        # builds one tensor, not a gathered table and a lengths tensor (each op costs tens of µs after the model).
+        self.tables_by_row = tables_by_row
+        if sdpa_mask and tables_by_row:
+            raise ValueError("PersistentBatch: sdpa_mask and tables_by_row are for different backends")
         self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=table_dtype, device=device)
         # The same tables on the host, kept by the same diffs: a decode's KV slot is then one Python lookup, and a
         # decode step's inputs one tensor built from lists, not a chain of small device ops (vLLM keeps a numpy
@@ -104,7 +109,7 @@ class PersistentBatch:
         sample_rows: list[int] = []
         sample_ids: list[str] = []
         last = self.last_sampled
-        tables = lens = mask = None
+        tables = lens = mask = rows_t = pos_t = None
         slots = []
         pos_parts = []
         packed = None
@@ -122,11 +127,14 @@ class PersistentBatch:
             sample_rows = list(range(D)) if len(sample_ids) == D else [i for i, c in enumerate(decodes) if c.sample]
             packed = torch.tensor([rows, pos, dslots, tokens], dtype=torch.long, device=dev)
             pos_t = packed[1]
-            width = max(pos) // bs + 1
-            tables = self.tables[:, :width].index_select(0, packed[0])  # [D, width], contiguous
-            lens = (pos_t + 1).to(torch.int32)
             slots.append(packed[2])
             pos_parts.append(pos_t)
+            if self.tables_by_row:
+                tables, rows_t = self.tables, packed[0]
+            else:
+                width = max(pos) // bs + 1
+                tables = self.tables[:, :width].index_select(0, packed[0])  # [D, width], contiguous
+                lens = (pos_t + 1).to(torch.int32)
             if self.sdpa_mask:
                 mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None]).view(D, 1, 1, width * bs)
         spans = []
@@ -147,7 +155,8 @@ class PersistentBatch:
         positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
         slot_mapping = slots[0] if len(slots) == 1 else torch.cat(slots)
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decodes=D, decode_block_tables=tables,
-                                 decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=scale)
+                                 decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=scale,
+                                 decode_rows=rows_t, decode_positions=pos_t if rows_t is not None else None)
         input_ids = packed[3] if packed is not None and not plan.prefills else \
             torch.tensor(tokens, dtype=torch.long, device=dev)
         return StepInputs(input_ids, positions, meta, sample_rows, sample_ids)

@@ -8,6 +8,9 @@
 //   rope_write_kv_(qkv, pos, cos, sin, k_cache, v_cache, slots, heads, kv_heads, head_dim): rotate-half RoPE on the
 //                                        q and k heads of the fused QKV output in place, and write the rotated k and
 //                                        v rows straight into their paged-pool slots (no separate KV-write pass).
+//   argmax_rows(logits):                [S, V] -> a list of S ints, each row's first maximum (NaN counts as the
+//                                        maximum, as in torch.argmax): a greedy step's tokens without an argmax
+//                                        kernel and a .tolist() behind the dispatcher (tens of us after the lm_head).
 //
 // Built with -ffp-contract=off so that a*b + c*d rounds like the reference's separate multiply and add kernels.
 #include <torch/extension.h>
@@ -17,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "vec_exp.h"
 
@@ -144,8 +148,26 @@ void rope_write_kv_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor co
   });
 }
 
+std::vector<int64_t> argmax_rows(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
+              logits.size(1) > 0, "argmax_rows: a contiguous float32 [S, V] tensor with V > 0");
+  const int64_t S = logits.size(0), V = logits.size(1);
+  const float* p = logits.data_ptr<float>();
+  std::vector<int64_t> out(S);
+  for (int64_t r = 0; r < S; ++r) {
+    const float* row = p + r * V;
+    int64_t best = 0;
+    float top = row[0];
+    for (int64_t j = 1; j < V && !std::isnan(top); ++j)
+      if (row[j] > top || std::isnan(row[j])) top = row[best = j];
+    out[r] = best;
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; RMSNorm(residual) * weight (CPU, float32)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up over a fused gate/up output (CPU, float32)");
   m.def("rope_write_kv_", &rope_write_kv_, "rotate-half RoPE on q/k in place and KV written to its slots");
+  m.def("argmax_rows", &argmax_rows, "each row's first maximum, as a list (CPU, float32)");
 }

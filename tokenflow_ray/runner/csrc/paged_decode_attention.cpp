@@ -1,7 +1,8 @@
 // Decode attention over the paged KV pool on CPU: one pass over each stream's blocks, no gather copy.
 //
 // q [D, H, hd] (one query token per stream), k_cache/v_cache [blocks, block_size, kv_heads, hd] (a layer's pool),
-// block_tables [D, W] int64, seq_lens [D] int64 (context length including the new token).
+// block_tables [D, W] int64, seq_lens [D] int64 (context length including the new token); or the engine's persistent
+// tables [R, W] with each stream's row and position (`paged_decode_attention_rows`).
 //
 // Work items are (stream, KV head) pairs, handed to ATen's threads from a shared counter. An item's G = H / kv_heads
 // query heads go through the context together, 16 tokens at a time: each K row is loaded once for every head of the
@@ -186,29 +187,37 @@ void attend_scalar(const Shape& s, const float* q, const float* kp, const float*
 
 }  // namespace
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+namespace {
+
+// D streams: stream d's query heads at qp + d * q_row (head stride hd), its table row at tables + row(d) * W, its
+// context length lens[d] (or positions[d] + 1).
+torch::Tensor run(torch::Tensor q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& tables, const int64_t* rows, const int64_t* lens, int64_t len_offset,
+                  double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "float32 only");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  q = q.contiguous();
-  auto tables = block_tables.to(at::kLong).contiguous();
-  auto lens = seq_lens.to(at::kLong).contiguous();
-  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
-  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), W = tables.size(1);
-  TORCH_CHECK(k_cache.size(3) == hd && H % kvh == 0 && tables.size(0) == D && lens.size(0) == D, "bad shapes");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.stride(1) == 1, "tables: int64 rows");
+  // The model's q is a view into the fused QKV output: rows strided, heads packed. Read it in place.
+  if (q.stride(2) != 1 || q.stride(1) != q.size(2)) q = q.contiguous();
+  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2), q_row = q.stride(0);
+  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), W = tables.size(1), R = tables.size(0);
+  TORCH_CHECK(k_cache.size(3) == hd && H % kvh == 0, "bad shapes");
   const Shape s{H, H / kvh, kvh, hd, bs, W, bs * kvh * hd, kvh * hd};
-  auto out = torch::empty_like(q);
+  auto out = torch::empty({D, H, hd}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
   const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
+  const int64_t t_row = tables.stride(0);
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-  for (int64_t d = 0; d < D; ++d)
-    TORCH_CHECK(lp[d] > 0 && lp[d] <= W * bs, "seq_len out of range for the block table");
+  for (int64_t d = 0; d < D; ++d) {
+    TORCH_CHECK(rows == nullptr || (rows[d] >= 0 && rows[d] < R), "row out of range for the block tables");
+    const int64_t len = lens[d] + len_offset;
+    TORCH_CHECK(len > 0 && len <= W * bs, "seq_len out of range for the block table");
+  }
   auto fn = attend_scalar;
   if (hd == 16) fn = s.G % 3 == 0 ? attend<1, 3> : attend<1, 4>;
   else if (hd == 32) fn = s.G % 3 == 0 ? attend<2, 3> : attend<2, 4>;
@@ -221,12 +230,38 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t d = i / kvh, h = i % kvh;
-      fn(s, qp + (d * H + h * s.G) * hd, kp, vp, tp + d * W, lp[d], h, fscale, op + (d * H + h * s.G) * hd);
+      const int64_t row = rows == nullptr ? d : rows[d];
+      fn(s, qp + d * q_row + h * s.G * hd, kp, vp, tp + row * t_row, lens[d] + len_offset, h, fscale,
+         op + (d * H + h * s.G) * hd);
     }
   });
   return out;
 }
 
+}  // namespace
+
+// block_tables [D, W] (one row per stream, gathered), seq_lens [D].
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+  auto tables = block_tables.to(at::kLong).contiguous();
+  auto lens = seq_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(tables.size(0) == q.size(0) && lens.size(0) == q.size(0), "bad shapes");
+  return run(q, k_cache, v_cache, tables, nullptr, lens.data_ptr<int64_t>(), 0, scale);
+}
+
+// The persistent tables [R, W] read in place: stream d's row is rows[d], its context positions[d] + 1 tokens
+// (the engine's step metadata as it is: no gathered table, no lengths tensor, no dtype conversions per layer).
+torch::Tensor paged_decode_attention_rows(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                          torch::Tensor tables, torch::Tensor rows, torch::Tensor positions,
+                                          double scale) {
+  TORCH_CHECK(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong, "rows, positions: int64");
+  TORCH_CHECK(rows.dim() == 1 && positions.dim() == 1 && rows.stride(0) == 1 && positions.stride(0) == 1 &&
+              rows.size(0) == q.size(0) && positions.size(0) == q.size(0), "rows, positions: [D], contiguous");
+  return run(q, k_cache, v_cache, tables, rows.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), 1, scale);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over paged KV (CPU, float32)");
+  m.def("paged_decode_attention_rows", &paged_decode_attention_rows,
+        "the same, reading the persistent block tables by row and the lengths from positions");
 }
