@@ -364,9 +364,10 @@ class LLMEngine:
         now = self.clock.now() if now is None else now
         outputs = begun.outputs
         apply = self.scheduler.apply_result if advanced else self.scheduler.update
+        output, append, done = self._output, outputs.append, StreamStatus.FINISHED_STOPPED
         for stream, token in apply(begun.plan, result, now, step_s=now - begun.start):
-            outputs.append(self._output(stream, token, now))
-            if stream.status.finished:
+            append(output(stream, token, now))
+            if stream.status >= done:  # finished (StreamStatus.finished, without the property call per token)
                 self._retire(stream)
         return outputs
 
@@ -379,16 +380,20 @@ class LLMEngine:
 
     def _output(self, stream: Stream, token: int, now: float) -> StreamOutput:
         text = ""
-        state = self._text.get(stream.stream_id)
+        sid = stream.stream_id
+        state = self._text.get(sid)
         if state is not None:
             text, stopped = state.stops.push(state.decoder.feed(token))  # no stop strings: returned as is
             if stopped and not stream.status.finished:
-                self.scheduler.finish(stream.stream_id, StreamStatus.FINISHED_STOPPED, now)
+                self.scheduler.finish(sid, StreamStatus.FINISHED_STOPPED, now)
             elif stream.status.finished and not stopped:
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
         status = stream.status
-        return StreamOutput(stream.stream_id, (token,), text, status.finished, status.finish_reason,
-                            len(stream.prompt_token_ids), len(stream.output_token_ids))
+        if status < StreamStatus.FINISHED_STOPPED:  # the common case: no finish reason to look up
+            return StreamOutput(sid, (token,), text, False, None, len(stream.prompt_token_ids),
+                                len(stream.output_token_ids))
+        return StreamOutput(sid, (token,), text, True, status.finish_reason, len(stream.prompt_token_ids),
+                            len(stream.output_token_ids))
 
     # ---- blocking helpers -------------------------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Iterator[StreamOutput]:

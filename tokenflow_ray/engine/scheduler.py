@@ -417,18 +417,19 @@ class Scheduler:
             stream.status = StreamStatus.RUNNING
         self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
         self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
-        streams = self.streams
-        for chunk in itertools.chain(plan.decodes, plan.prefills):
-            stream = streams.get(chunk.stream_id)
+        streams, finishing = self.streams, self._finishing
+        # Chunks unpack as tuples: per running stream, every step.
+        for sid, tokens, _, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
+            stream = streams.get(sid)
             if stream is None:  # aborted while the step ran
                 continue
-            stream.num_computed_tokens += len(chunk.token_ids)
-            if chunk.sample:
+            stream.num_computed_tokens += len(tokens)
+            if sample:
                 out = stream.output_token_ids
                 out.append(PENDING_TOKEN)
-                if len(out) >= stream.sampling.max_tokens or \
-                        len(stream.prompt_token_ids) + len(out) >= stream.max_total_tokens:
-                    self._finishing.add(stream.stream_id)  # ends with that token: nothing more to plan for it
+                n = len(out)
+                if n >= stream.sampling.max_tokens or len(stream.prompt_token_ids) + n >= stream.max_total_tokens:
+                    finishing.add(sid)  # ends with that token: nothing more to plan for it
 
     def apply_result(self, plan: StepPlan, result: StepResult, now: float,
                      step_s: float = 0.0) -> list[tuple[Stream, int]]:
@@ -445,15 +446,15 @@ class Scheduler:
                                result.copy_s, result.copy_bytes, step_s=step_s)
         emitted: list[tuple[Stream, int]] = []
         streams, sampled = self.streams, result.sampled  # per-stream loop below: locals, not attribute lookups
-        for chunk in itertools.chain(plan.decodes, plan.prefills):
-            if not chunk.sample:
+        for sid, tokens, start, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
+            if not sample:
                 continue
-            stream = streams.get(chunk.stream_id)
+            stream = streams.get(sid)
             if stream is None:  # aborted, or stopped (eos, a stop string) by the step before it
                 continue
-            token = sampled[chunk.stream_id]
+            token = sampled[sid]
             # The placeholder sits at the position after the chunk (a later step's may follow it).
-            stream.output_token_ids[chunk.start_pos + len(chunk.token_ids) - len(stream.prompt_token_ids)] = token
+            stream.output_token_ids[start + len(tokens) - len(stream.prompt_token_ids)] = token
             # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
             stream.record.record_token(now, stream.reader.buffer_then_token(now))
             emitted.append((stream, token))
