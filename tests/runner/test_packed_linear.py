@@ -28,3 +28,28 @@ def test_runner_packs_every_linear_on_cpu_fp32(tiny_llama_dir):
     assert isinstance(model.lm_head, PackedLinear)
     assert all(isinstance(getattr(layer, n), PackedLinear) for layer in model.layers
                for n in ("qkv", "o", "gate_up", "down"))
+
+
+def test_bound_tensors_follow_the_module_when_it_is_moved_or_repacked():
+    """PackedLinear and DecoderLayer keep their hot-path tensors and projections as plain attributes; those must
+    follow the module: buffers replaced by `_apply` (.to(), .cpu(), a clone) and projections packed after the
+    first forward."""
+    from tokenflow_ray.models.llama import DecoderLayer
+    from tokenflow_ray.models.packed_linear import pack_linears
+
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 48)
+    packed = PackedLinear(linear)
+    x = torch.randn(5, 32)
+    with torch.inference_mode():
+        want = packed(x)
+        packed._apply(lambda t: t.clone())  # every buffer replaced by a new tensor
+        assert packed._call[1] is packed.packed_weight and packed._call[2] is packed.bias
+        torch.testing.assert_close(packed(x), want)
+    layer = DecoderLayer(hidden=32, heads=4, kv_heads=2, head_dim=8, intermediate=64, eps=1e-6, qkv_bias=False)
+    assert layer._bind_fused()[2] == layer.qkv.forward
+    pack_linears(layer, ("qkv", "o", "gate_up", "down"))
+    assert layer._fused is None  # setting a projection drops the binding
+    assert layer._bind_fused()[2] == layer.qkv.forward and isinstance(layer.qkv, PackedLinear)
+    layer._apply(lambda t: t.clone())
+    assert layer._fused is None

@@ -54,17 +54,41 @@ class DecoderLayer(nn.Module):
                       attn: AttentionMetadata, backend: AttentionBackend, ops) -> torch.Tensor:
         """residual += delta (the previous layer's MLP output; empty for the first layer), in place; returns this
         layer's MLP output, which the next layer (or the final norm) adds."""
-        h_TH = ops.add_rms_norm_(delta_TH, residual_TH, self.input_norm, self.eps)
-        qkv = self.qkv.forward(h_TH)  # .forward: no module-call overhead (no hooks at inference)
+        input_norm, post_norm, qkv_fn, o_fn, gate_up_fn, down_fn = self._fused or self._bind_fused()
+        h_TH = ops.add_rms_norm_(delta_TH, residual_TH, input_norm, self.eps)
+        qkv = qkv_fn(h_TH)
         T = qkv.shape[0]
-        ops.rope_write_kv_(qkv, positions_T, rope_cos, rope_sin, kv_cache[0], kv_cache[1], attn.slot_mapping,
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        ops.rope_write_kv_(qkv, positions_T, rope_cos, rope_sin, k_cache, v_cache, attn.slot_mapping,
                            self.heads, self.kv_heads, self.head_dim)
         q_THD = qkv[:, :self.q_size].view(T, self.heads, self.head_dim)
-        k_THD = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.kv_heads, self.head_dim)
-        v_THD = qkv[:, self.q_size + self.kv_size:].view(T, self.kv_heads, self.head_dim)
-        out = backend.forward(q_THD, k_THD, v_THD, kv_cache[0], kv_cache[1], attn)
-        h_TH = ops.add_rms_norm_(self.o.forward(out), residual_TH, self.post_norm, self.eps)
-        return self.down.forward(ops.silu_mul(self.gate_up.forward(h_TH)))
+        k_THD = v_THD = None  # a decode-only step reads its K/V from the pool, where the fused RoPE wrote them
+        if attn.prefills:
+            k_THD = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.kv_heads, self.head_dim)
+            v_THD = qkv[:, self.q_size + self.kv_size:].view(T, self.kv_heads, self.head_dim)
+        out = backend.forward(q_THD, k_THD, v_THD, k_cache, v_cache, attn)
+        h_TH = ops.add_rms_norm_(o_fn(out), residual_TH, post_norm, self.eps)
+        return down_fn(ops.silu_mul(gate_up_fn(h_TH)))
+
+    # The fused forward's parameters and the projections' bound forwards (no module-call overhead: no hooks at
+    # inference), as plain attributes: module attribute lookups go through nn.Module.__getattr__, 6 a layer a step.
+    # Dropped whenever an attribute is set (a projection packed for oneDNN) or the tensors are moved (`_apply`).
+    _fused: tuple | None = None
+
+    def _bind_fused(self) -> tuple:
+        bound = (self.input_norm, self.post_norm, self.qkv.forward, self.o.forward, self.gate_up.forward,
+                 self.down.forward)
+        self.__dict__["_fused"] = bound
+        return bound
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        self.__dict__["_fused"] = None
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.__dict__["_fused"] = None
+        return out
 
 
 def _rope(x_TND: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,22 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(*args), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone(), persistent=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._bind()
+
+    def _bind(self) -> None:
+        # The op and both tensors as plain attributes: a decode step makes 25 of these calls, and the module's
+        # __getattr__ for each buffer and the torch.ops namespace lookups cost more than the call's Python.
+        # Rebound whenever the buffers are replaced (`_apply`: .to(), .cpu(), ...).
+        self.__dict__["_call"] = (torch.ops.mkldnn._linear_pointwise, self.packed_weight, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._bind()
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        op, weight, bias = self._call
+        return op(x, weight, bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

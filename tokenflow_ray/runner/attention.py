@@ -49,6 +49,9 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
+    """k_THD and v_THD may be None when the step has no prefill chunks and `meta.kv_written`: every decode then
+    reads its context, its new token included, from the pool."""
+
     name: str
 
     def forward(self, q_THD: torch.Tensor, k_THD: torch.Tensor, v_THD: torch.Tensor, k_cache: torch.Tensor,
