@@ -50,7 +50,7 @@ class DecoderLayer(nn.Module):
         return x_TH + self.down(F.silu(gate) * up)
 
     def forward_fused(self, delta_TH: torch.Tensor, residual_TH: torch.Tensor, positions_T: torch.Tensor,
-                      rope_cos: torch.Tensor, rope_sin: torch.Tensor, kv_cache: torch.Tensor,
+                      rope_cos: torch.Tensor, rope_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                       attn: AttentionMetadata, backend: AttentionBackend, ops) -> torch.Tensor:
         """residual += delta (the previous layer's MLP output; empty for the first layer), in place; returns this
         layer's MLP output, which the next layer (or the final norm) adds."""
@@ -58,7 +58,7 @@ class DecoderLayer(nn.Module):
         h_TH = ops.add_rms_norm_(delta_TH, residual_TH, input_norm, self.eps)
         qkv = qkv_fn(h_TH)
         T = qkv.shape[0]
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        k_cache, v_cache = kv_cache
         ops.rope_write_kv_(qkv, positions_T, rope_cos, rope_sin, k_cache, v_cache, attn.slot_mapping,
                            self.heads, self.kv_heads, self.head_dim)
         q_THD = qkv[:, :self.q_size].view(T, self.heads, self.head_dim)
@@ -156,14 +156,23 @@ class LlamaForPagedLM(nn.Module):
             # the step is written by the fused RoPE, so the attention backends skip their own write.
             attn.kv_written = True
             delta = x_TH.new_empty(0)
-            for i, layer in enumerate(self.layers):
-                delta = layer.forward_fused(delta, x_TH, positions_T, self.rope_cos, self.rope_sin, kv_caches[i],
-                                            attn, backend, ops)
+            cos, sin = self.rope_cos, self.rope_sin
+            for layer, kv in zip(self.layers, self._layer_caches(kv_caches)):
+                delta = layer.forward_fused(delta, x_TH, positions_T, cos, sin, kv, attn, backend, ops)
             return ops.add_rms_norm_(delta, x_TH, self.norm, self.config.rms_norm_eps)
         cos_TD, sin_TD = self.rope_cos[positions_T], self.rope_sin[positions_T]
         for i, layer in enumerate(self.layers):
             x_TH = layer(x_TH, cos_TD, sin_TD, kv_caches[i], attn, backend)
         return F.rms_norm(x_TH, x_TH.shape[-1:], self.norm, self.config.rms_norm_eps)
+
+    def _layer_caches(self, kv_caches: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Each layer's (K pool, V pool) views of the runner's one KV tensor, made once for that tensor (three view
+        ops a layer a step otherwise)."""
+        cached = self.__dict__.get("_kv_views")
+        if cached is None or cached[0] is not kv_caches:
+            cached = (kv_caches, tuple((kv_caches[i, 0], kv_caches[i, 1]) for i in range(kv_caches.shape[0])))
+            self.__dict__["_kv_views"] = cached
+        return cached[1]
 
     def prepack_for_cpu(self) -> None:
         """Swap every linear layer (lm_head too) for a oneDNN one with its weight packed once: about 2x faster
