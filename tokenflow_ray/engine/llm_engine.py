@@ -426,6 +426,30 @@ class LLMEngine:
                         reasons[out.stream_id] = out.finish_reason
         return [GenerationResult(i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), reasons[i]) for i in ids]
 
+    def warm_up(self, prompt_tokens: int = 16, new_tokens: int = 8) -> None:
+        """Run one throwaway stream (a prefill, then decodes) before serving, as vLLM does before its first request:
+        the first real steps then run warm (kernels loaded, oneDNN's code generated, allocator primed: a process's
+        first step of each shape is several times slower), and the cost model has measured this replica's own
+        prefill and decode costs, which the router prices it by, instead of its prior. No other trace is left:
+        no finished record, no totals, no copy counters. Only on an idle engine."""
+        if self.has_unfinished():
+            raise RuntimeError("warm_up: the engine already holds streams")
+        if prompt_tokens < 1 or new_tokens < 1:
+            raise ValueError("warm_up: prompt_tokens and new_tokens must be >= 1")
+        prompt_tokens = max(1, min(prompt_tokens, self.max_total_tokens - new_tokens - 1))
+        totals = dict(self._totals)
+        sched = self.scheduler
+        copied = sched.bytes_to_host, sched.bytes_from_host
+        vocab = self.runner.info.vocab_size
+        self.add_request([i % vocab for i in range(prompt_tokens)],
+                         SamplingParams(max_tokens=new_tokens, ignore_eos=True), stream_id="warm-up", rate=0.0)
+        while self.has_unfinished():
+            self.step()
+        self._totals.update(totals)
+        if self.finished_records and self.finished_records[-1].stream_id == "warm-up":  # its record, newest last
+            self.finished_records.pop()
+        sched.bytes_to_host, sched.bytes_from_host = copied
+
     def stats(self) -> EngineStats:
         live = list(self.scheduler.streams.values())
         now = self.clock.now()
