@@ -13,10 +13,10 @@ def test_warm_up_measures_costs_and_leaves_no_other_trace(policy):
     engine, _ = make_fake_engine(num_blocks=32, block_size=4, policy=policy, num_host_blocks=32)
     cost = engine.scheduler.cost
     assert cost.steps.prefill_samples == 0
-    engine.warm_up(prompt_tokens=10, new_tokens=6)
+    engine.warm_up(prompt_tokens=(5, 30), new_tokens=6)
     engine.check_integrity()
-    # The prefill samples the first token, then one decode step per further token.
-    assert cost.steps.prefill_samples >= 1 and cost.steps.samples >= 6
+    # Two prompt lengths, each prefill sampling its first token, then one decode step per further token.
+    assert cost.steps.prefill_samples >= 2 and cost.steps.samples >= 12
     stats = engine.stats()
     assert not engine.has_unfinished() and not engine.finished_records
     assert (stats.steps, stats.streams_finished, stats.preemptions, stats.bytes_to_host, stats.bytes_from_host) \
@@ -33,7 +33,7 @@ def test_warm_up_measures_costs_and_leaves_no_other_trace(policy):
 def test_warm_up_refuses_a_busy_engine_and_bad_sizes():
     engine, _ = make_fake_engine()
     with pytest.raises(ValueError, match="warm_up"):
-        engine.warm_up(prompt_tokens=0)
+        engine.warm_up(prompt_tokens=(16, 0))
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
     with pytest.raises(RuntimeError, match="warm_up"):
         engine.warm_up()

@@ -105,7 +105,7 @@ def test_warm_up_leaves_greedy_outputs_unchanged(tiny_llama_dir):
     """The warm-up stream's blocks go back to the pool and are reused: the next streams' tokens must not change."""
     prompts, sp = _prompts(4, seed=5), SamplingParams(max_tokens=12, ignore_eos=True)
     warm = _engine(tiny_llama_dir, blocks=8)  # a small pool: the next streams reuse the warm-up's blocks
-    warm.warm_up(prompt_tokens=40, new_tokens=8)
+    warm.warm_up(prompt_tokens=(40, 100), new_tokens=8)
     cold = _engine(tiny_llama_dir, blocks=8)
     assert [r.token_ids for r in warm.generate(prompts, sp)] == [r.token_ids for r in cold.generate(prompts, sp)]
 
