@@ -63,8 +63,6 @@ def test_the_deployment_uses_the_slack_router_and_replicas_publish_stats(route_a
     rs = ReplicaStats.from_dict(raw)
     assert (rs.device_blocks_total, rs.host_blocks_total, rs.block_size) == (128, 64, 16)
     assert rs.capacity_tok_s > 0 and rs.num_live >= 0
-    # Warmed up before serving (no request has reached this app yet): its own costs measured, no stream counted.
-    assert rs.prefill_samples >= 1 and rs.admitted_total == rs.finished_total == 0
     # /metrics renders the same fields from the same snapshot.
     import httpx
 

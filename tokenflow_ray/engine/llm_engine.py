@@ -426,33 +426,6 @@ class LLMEngine:
                         reasons[out.stream_id] = out.finish_reason
         return [GenerationResult(i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), reasons[i]) for i in ids]
 
-    def warm_up(self, prompt_tokens: Sequence[int] = (16, 256), new_tokens: int = 8) -> None:
-        """Run throwaway streams (one after another: a prefill of each length, then decodes) before serving, as vLLM
-        does before its first request: the first real steps then run warm (kernels loaded, oneDNN's code generated,
-        allocator primed), and the cost model has measured this replica's own costs, which the router prices it by,
-        instead of its prior. Two prompt lengths, so the fit can tell the per-step cost from the per-token one (one
-        short prompt priced a prefill token at 7x its cost at 2048 tokens here). No other trace is left: no
-        finished records, no totals, no copy counters. Only on an idle engine."""
-        if self.has_unfinished():
-            raise RuntimeError("warm_up: the engine already holds streams")
-        if new_tokens < 1 or not prompt_tokens or min(prompt_tokens) < 1:
-            raise ValueError("warm_up: prompt lengths and new_tokens must be >= 1")
-        longest = min(self.max_total_tokens - new_tokens - 1, self.config.scheduler.max_num_batched_tokens)
-        totals = dict(self._totals)
-        sched = self.scheduler
-        copied = sched.bytes_to_host, sched.bytes_from_host
-        vocab = self.runner.info.vocab_size
-        for i, n in enumerate(prompt_tokens):
-            sid = f"warm-up-{i}"
-            self.add_request([t % vocab for t in range(max(1, min(n, longest)))],
-                             SamplingParams(max_tokens=new_tokens, ignore_eos=True), stream_id=sid, rate=0.0)
-            while self.has_unfinished():
-                self.step()
-            if self.finished_records and self.finished_records[-1].stream_id == sid:  # its record, newest last
-                self.finished_records.pop()
-        self._totals.update(totals)
-        sched.bytes_to_host, sched.bytes_from_host = copied
-
     def stats(self) -> EngineStats:
         live = list(self.scheduler.streams.values())
         now = self.clock.now()

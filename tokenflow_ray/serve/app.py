@@ -52,7 +52,6 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
                               routing_stats_interval_s=config.routing_stats_period_s,
                               stream_limit=direct_stream_limit(adm, config.replicas) if direct else 0,
                               retry_after_s=config.retry_after_s, migration=config.migration_enabled,
-                              warm_up=config.warm_up,
                               **({} if config.autoscaling is None
                                  else {"critical_buffer_s": config.autoscaling.critical_buffer_s}))
     if direct:

@@ -99,9 +99,6 @@ class ServeConfig:
     # it. None: on when more than one replica can exist (replicas > 1, or autoscaling).
     migration: bool | None = None
     migrate_waiting: bool = False  # the policy moves streams waiting to start too, after paused ones
-    # Each replica runs one throwaway stream before it serves (LLMEngine.warm_up): its first requests then run on
-    # a warm engine, and the router prices it by its own measured costs from the first burst on.
-    warm_up: bool = True
 
     def __post_init__(self) -> None:
         if not self.policy:
@@ -149,7 +146,6 @@ class ServeConfig:
         _require(self.tokenizer_dir is None or (Path(self.tokenizer_dir).expanduser() / "config.json").is_file(),
                  f"tokenizer_dir: {self.tokenizer_dir} is not a saved tokenizer (no config.json)")
         _require(self.tokenizer_dir is None or bool(self.images), "tokenizer_dir: needs images on")
-        _require(isinstance(self.warm_up, bool), f"warm_up: must be true or false, got {self.warm_up!r}")
         self.engine_config()  # engine-level validation now, not in a replica
 
     @property

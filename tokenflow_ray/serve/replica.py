@@ -53,7 +53,6 @@ class ReplicaSettings:
     retry_after_s: float = 1.0
     migration: bool = False  # keep a StreamPort: streams can be moved here (and this replica's moved away)
     critical_buffer_s: float = CRITICAL_BUFFER_S  # record_autoscaling_stats: readers under this are critical
-    warm_up: bool = True  # one throwaway stream before serving (LLMEngine.warm_up)
 
 
 def _counts(out) -> tuple[int, int]:
@@ -73,8 +72,6 @@ class LLMServer(ReplicaMigration):
 
             torch.set_num_threads(settings.torch_threads)
         self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
-        if settings.warm_up:
-            await asyncio.to_thread(self.engine.warm_up)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.node_id = ray.get_runtime_context().get_node_id()  # in the global view: where each replica runs
