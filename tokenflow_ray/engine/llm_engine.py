@@ -389,11 +389,9 @@ class LLMEngine:
             elif stream.status.finished and not stopped:
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
         status = stream.status
-        if status < StreamStatus.FINISHED_STOPPED:  # the common case: no finish reason to look up
-            return StreamOutput(sid, (token,), text, False, None, len(stream.prompt_token_ids),
-                                len(stream.output_token_ids))
-        return StreamOutput(sid, (token,), text, True, status.finish_reason, len(stream.prompt_token_ids),
-                            len(stream.output_token_ids))
+        finished = status >= StreamStatus.FINISHED_STOPPED  # the reason is looked up only for a finished stream
+        return StreamOutput(sid, (token,), text, finished, status.finish_reason if finished else None,
+                            len(stream.prompt_token_ids), len(stream.output_token_ids))
 
     # ---- blocking helpers -------------------------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Iterator[StreamOutput]:

@@ -156,7 +156,7 @@ class PersistentBatch:
         slot_mapping = slots[0] if len(slots) == 1 else torch.cat(slots)
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decodes=D, decode_block_tables=tables,
                                  decode_seq_lens=lens, decode_mask=mask, prefills=spans, scale=scale,
-                                 decode_rows=rows_t, decode_positions=pos_t if rows_t is not None else None)
+                                 decode_rows=rows_t, decode_positions=pos_t if self.tables_by_row else None)
         input_ids = packed[3] if packed is not None and not plan.prefills else \
             torch.tensor(tokens, dtype=torch.long, device=dev)
         return StepInputs(input_ids, positions, meta, sample_rows, sample_ids)
