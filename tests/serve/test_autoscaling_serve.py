@@ -26,9 +26,12 @@ BURST_WORKERS = 16
 # Long enough to outlive the backlog, the look-back and the downscale delay: still generating when Serve stops
 # their replica.
 # A tiny declared rate marks them in the central actor's view (the burst's is 0) without adding demand or ever
-# making them buffer-critical. Started one by one until one is seen on the new replica (at most MAX_LONG).
+# making them buffer-critical. Started one by one until one is seen on the new replica (at most MAX_LONG): Serve stops
+# the newest replica, and its default router sends a stream to the one with fewer of this router's requests in
+# flight. A new replica slow through its first steps holds the closed loop's streams longer, so the loop's streams
+# gather there and the long ones go to the old replica until it has caught up: a CI run saw 6 in a row (3 s) there.
 LONG_RATE = 0.01
-MAX_LONG = 6
+MAX_LONG = 16
 SLOW = [StreamSpec(f"Long stream {i}: a long story about the sea.", max_tokens=1800, rate=LONG_RATE)
         for i in range(MAX_LONG)]
 PROBE = StreamSpec("Probe: which replica is left?", max_tokens=150)
@@ -94,8 +97,10 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
         t_up = time.monotonic() - timeline.t0
         first = {rid for smp in timeline.samples for rid in smp["streams"].values()}  # the only replica before
         ended: dict[int, float] = {}
+        started: dict[int, float] = {}
 
         async def slow(i: int):
+            started[i] = time.monotonic() - timeline.t0
             res = await client.run(SLOW[i])
             ended[i] = time.monotonic() - timeline.t0
             return res
@@ -115,8 +120,8 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
                 break
             await asyncio.sleep(0.2)
         probe = await client.run(PROBE)
-        return {"burst": burst, "slow": slow_results, "slow_ended": ended, "probe": probe, "t_load": t_load,
-                "t_up": t_up, "t_burst_done": t_burst_done}
+        return {"burst": burst, "slow": slow_results, "slow_started": started, "slow_ended": ended, "probe": probe,
+                "t_load": t_load, "t_up": t_up, "t_burst_done": t_burst_done}
 
 
 @pytest.mark.ray
@@ -141,8 +146,11 @@ def test_load_scales_up_idleness_scales_down_and_no_stream_is_cut(serve_url):
     running = [s["states"].get("RUNNING", 0) for s in samples]
     # Compact record for the report: replica states whenever they change.
     changes = [s for i, s in enumerate(samples) if i == 0 or s["states"] != samples[i - 1]["states"]]
+    slow_ids = {res.stream_id: i for i, res in enumerate(out["slow"])}
+    long_on = {slow_ids[sid]: rid for s in samples for sid, rid in s["long"].items() if sid in slow_ids}
     print(json.dumps({"t_load": out["t_load"], "t_up": out["t_up"], "t_burst_done": out["t_burst_done"],
-                      "slow_ended": out["slow_ended"], "burst_streams": len(out["burst"]),
+                      "slow_started": out["slow_started"], "slow_ended": out["slow_ended"],
+                      "burst_streams": len(out["burst"]), "long_on": long_on,
                       "states": [(s["t"], s["states"]) for s in changes]}))
 
     # Load raised the replicas above the minimum, idleness brought them back.
@@ -157,7 +165,6 @@ def test_load_scales_up_idleness_scales_down_and_no_stream_is_cut(serve_url):
     survivors = {s["streams"][out["probe"].stream_id] for s in samples if out["probe"].stream_id in s["streams"]}
     assert len(survivors) == 1 and len(seen) == 2, (survivors, seen)
     (victim,) = seen - survivors
-    slow_ids = {res.stream_id: i for i, res in enumerate(out["slow"])}
     on_victim = {slow_ids[sid] for s in samples for sid, rid in s["long"].items() if rid == victim}
     assert on_victim, "no long stream landed on the replica that was stopped: nothing was drained"
     t_stopping = min(s["t"] for s in samples if s["states"].get("STOPPING", 0) > 0)
