@@ -282,6 +282,37 @@ def test_a_replica_that_has_run_no_prompt_is_priced_like_the_cheapest_measured_o
         stats(prefill_samples=-1)
 
 
+def test_twins_whose_first_prompts_were_measured_10x_apart_still_split_a_burst():
+    """A few noisy first steps are not the replica's cost: priced by them, 8 streams 50 ms apart all went to the
+    faster-looking twin (the score's gap is past the tie tolerance and nothing in it grows with the router's own
+    bookings at low load), and the other never got the prompts that would correct its estimate. Below
+    `min_prefill_samples` each is priced as the better of its own and the cheapest measured replica's costs."""
+    fast = stats(prefill_fixed_s=0.002, prefill_s_per_token=0.00003, decode_step_s=0.004, prefill_samples=2)
+    slow = stats(prefill_fixed_s=0.02, prefill_s_per_token=0.0003, decode_step_s=0.04, prefill_samples=2)
+    assert score_replica("s", slow, InflightLoad(), NEW, CFG).score_s > \
+        score_replica("f", fast, InflightLoad(), NEW, CFG).score_s + CFG.ttft_tolerance_s  # beyond the tie
+
+    def burst(cfg: SlackRouterConfig, fast_stats: ReplicaStats, slow_stats: ReplicaStats) -> Counter:
+        ledger = InflightLedger()
+        for i in range(8):
+            now = 100.0 + 0.05 * i
+            ledger.expire(now)
+            order = rank_replicas({"f": fast_stats, "s": slow_stats}, {r: ledger.load(r) for r in "fs"}, NEW, cfg,
+                                  now)
+            ledger.book(f"q{i}", order[0], now=now, rate=10.0, prompt_tokens=32)
+        return Counter(ledger.replica_of(f"q{i}") for i in range(8))
+
+    assert burst(CFG, fast, slow) == {"f": 4, "s": 4}
+    # The defect, as it was (every measured replica's costs taken as they are): 7 or 8 of 8 on one twin.
+    assert burst(SlackRouterConfig(min_prefill_samples=1), fast, slow)["f"] >= 7
+    # Once both estimates rest on enough steps they count: the replica measured slow takes fewer.
+    settled = {"prefill_samples": CFG.min_prefill_samples}
+    split = burst(CFG, dataclasses.replace(fast, **settled), dataclasses.replace(slow, **settled))
+    assert split["f"] > split["s"]
+    with pytest.raises(ValueError, match="min_prefill_samples"):
+        SlackRouterConfig(min_prefill_samples=-1)
+
+
 def test_prompt_estimates_and_their_knob():
     assert prompt_tokens_estimate((1, 2, 3), None, CFG) == 3
     assert prompt_tokens_estimate("héllo", None, CFG) == 6  # bytes: the embedded tokenizer is byte-level

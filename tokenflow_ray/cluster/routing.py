@@ -36,11 +36,14 @@ estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale), which wou
 identical streams; capacity differences still count through the score's utilisation term and, near Γ, the
 overload term.
 
-A replica whose cost model has not yet seen a prompt (`prefill_samples` 0: started, or never sent a stream) is
-priced as the better of its prior and the cheapest measured replica, cost by cost (optimism under uncertainty).
-Priced by its prior alone it never got a stream to learn from: the prior is a guess for any device (5e-4 s a prompt
-token; an H200's learned cost is 30x less), so in a simulated cluster of two H200s and two A6000s under Poisson
-arrivals one A6000 took 1 of 300 streams while its twin took 40 (`tokenflow simulate routing`).
+A replica whose cost model has learned from fewer than `min_prefill_samples` steps with prefill (0: started, or
+never sent a stream) is priced as the better of its own costs and the cheapest measured replica's, cost by cost
+(optimism under uncertainty). Priced by its prior alone it never got a stream to learn from: the prior is a guess for
+any device (5e-4 s a prompt token; an H200's learned cost is 30x less), so in a simulated cluster of two H200s and
+two A6000s under Poisson arrivals one A6000 took 1 of 300 streams while its twin took 40 (`tokenflow simulate
+routing`). Priced by its first few steps alone, the same: two idle twins whose first prompts were measured 10x apart
+(one ran beside the other's start-up) sent 8 streams 50 ms apart all to one, and at low load nothing corrects the
+slow-looking one's estimate, as it gets no prompt to learn from.
 
 Replicas without stats yet (just started) make the score incomparable, so while any candidate lacks stats all are
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
@@ -65,6 +68,10 @@ class SlackRouterConfig:
     memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
     utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
     ttft_tolerance_s: float = 0.05  # scores this close are equal; streams ahead, live streams, demand decide
+    # A replica's costs count as its own once its cost model has learned from this many steps with prefill; before
+    # that they are the prior's or a few noisy first steps' (a first prompt priced a prefill token at 7x its cost in
+    # a long chunk), and it is priced as the better of them and the cheapest measured replica's.
+    min_prefill_samples: int = 8
     # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
     # prefill): ahead of a newcomer there. About the first-token latency of an idle replica over HTTP here
     # (0.04-0.07 s); the router's own bookings are the one load signal fresh for every replica alike.
@@ -84,9 +91,10 @@ class SlackRouterConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-        if isinstance(self.http_envelope_bytes, bool) or not isinstance(self.http_envelope_bytes, int) \
-                or self.http_envelope_bytes < 0:
-            raise ValueError(f"http_envelope_bytes: must be an int >= 0, got {self.http_envelope_bytes!r}")
+        for name in ("http_envelope_bytes", "min_prefill_samples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: must be an int >= 0, got {v!r}")
         for name in ("inflight_ttl_s", "bytes_per_token"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -158,10 +166,11 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
             return inflight.get(rid, InflightLoad()).count + (0 if s is None else s.num_live)
 
         return sorted(stats, key=lambda rid: (count(rid), inflight.get(rid, InflightLoad()).last_booked_at, rid))
-    measured = [s for s in stats.values() if s is not None and s.prefill_samples > 0]
-    if measured and len(measured) < len(stats):
+    measured = [s for s in stats.values() if s.prefill_samples > 0]
+    if measured and any(s.prefill_samples < cfg.min_prefill_samples for s in stats.values()):
         peer = min(measured, key=lambda s: (s.prefill_s(new.prompt_tokens), s.decode_step_s))
-        stats = {rid: s if s is None or s.prefill_samples > 0 else priced_like(s, peer) for rid, s in stats.items()}
+        stats = {rid: s if s.prefill_samples >= cfg.min_prefill_samples else priced_like(s, peer)
+                 for rid, s in stats.items()}
     remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
                         for rid, s in stats.items() if s is not None),
                        key=lambda r: (r.score_s, r.replica_id))
