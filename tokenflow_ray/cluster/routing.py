@@ -70,7 +70,8 @@ class SlackRouterConfig:
     ttft_tolerance_s: float = 0.05  # scores this close are equal; streams ahead, live streams, demand decide
     # A replica's costs count as its own once its cost model has learned from this many steps with prefill; before
     # that they are the prior's or a few noisy first steps' (a first prompt priced a prefill token at 7x its cost in
-    # a long chunk), and it is priced as the better of them and the cheapest measured replica's.
+    # a long chunk), and it is priced as the better of them and the cheapest measured replica's. 0: every replica's
+    # costs as it reports them, its prior's included.
     min_prefill_samples: int = 8
     # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
     # prefill): ahead of a newcomer there. About the first-token latency of an idle replica over HTTP here
