@@ -173,7 +173,7 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
         stats = {rid: s if s.prefill_samples >= cfg.min_prefill_samples else priced_like(s, peer)
                  for rid, s in stats.items()}
     remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
-                        for rid, s in stats.items() if s is not None),
+                        for rid, s in stats.items()),
                        key=lambda r: (r.score_s, r.replica_id))
     order: list[str] = []
     while remaining:  # the best remaining score and those within the tolerance of it form the next tier
