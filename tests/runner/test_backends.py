@@ -42,16 +42,27 @@ def test_cpu_float32_uses_the_compiled_paged_kernel():
                                    dict(block_size=16, heads=10, kv_heads=2, head_dim=64, decodes=3),
                                    dict(block_size=16, heads=14, kv_heads=2, head_dim=32, decodes=3),
                                    dict(block_size=16, heads=4, kv_heads=2, head_dim=24, decodes=4)])
-def test_cpu_paged_kernel_matches_sdpa(shape):
+@pytest.mark.parametrize("width", ["native", "other"])
+def test_cpu_paged_kernel_matches_sdpa(shape, width):
     """Decodes of random lengths (1 token up to 3 blocks, partial last blocks) plus a continued prefill chunk.
     head_dim 16/32/64/128 take the vector path, whose query heads go in groups of 4, 3, 2 or 1 (groups of 3 and
-    remainders 1-3: G = 3, 5, 7; block_size 8 and 32 split 16-token chunks unevenly); head_dim 24 the scalar one."""
+    remainders 1-3: G = 3, 5, 7; block_size 8 and 32 split 8- and 16-token chunks unevenly); head_dim 24 the scalar
+    one. Both vector widths run on any CPU: this CPU's build, and the other width's (16 lanes on AVX2, 8 on
+    AVX-512), whose shuffles, reduction order and head groups differ."""
     from tokenflow_ray.runner.gpu_check import paged_attention_parity
 
-    kernel = CpuPagedAttention(load_paged_decode_attention())
+    native = load_paged_decode_attention()
+    module = native if width == "native" else load_paged_decode_attention(24 - native.lanes())
+    assert module is not None and module.lanes() in (8, 16)
+    kernel = CpuPagedAttention(module)
     for seed in range(3):
         assert paged_attention_parity(kernel, SdpaPagedAttention(), device="cpu", dtype=torch.float32,
                                       chunk=8, seed=seed, **shape) < 1e-5
+
+
+def test_kernel_width_is_checked():
+    with pytest.raises(ValueError, match="lanes"):
+        load_paged_decode_attention(4)
 
 
 def test_asking_for_flash_on_cpu_is_a_clear_error():

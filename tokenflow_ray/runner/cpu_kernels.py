@@ -82,8 +82,15 @@ def drop_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_S
 
 
 @functools.cache  # one build per process; the extension loader itself caches across processes
-def load_paged_decode_attention() -> ModuleType | None:
-    return _build("tokenflow_paged_decode_attention", SOURCE, "decode attention (gather + SDPA)")
+def load_paged_decode_attention(lanes: int | None = None) -> ModuleType | None:
+    """`lanes`: None builds for this CPU's vector width (16 floats with AVX-512, 8 otherwise); 8 or 16 forces one,
+    so the tests run both kernels on any x86 CPU (a 16-lane build runs on AVX2 too, as pairs of halves)."""
+    if lanes is None:
+        return _build("tokenflow_paged_decode_attention", SOURCE, "decode attention (gather + SDPA)")
+    if lanes not in (8, 16):
+        raise ValueError(f"lanes: 8 or 16, got {lanes!r}")
+    return _build(f"tokenflow_paged_decode_attention_l{lanes}", SOURCE, "decode attention (gather + SDPA)",
+                  (f"-DTOKENFLOW_LANES={lanes}",))
 
 
 @functools.cache

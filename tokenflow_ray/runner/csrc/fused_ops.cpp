@@ -89,10 +89,11 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
       const float* g = gp + t * gs;
       const float* u = g + I;
       float* o = op + t * I;
+      typedef Vec<kNativeLanes>::F V;
       int64_t i = 0;
-      for (; i + 16 <= I; i += 16) {  // silu(g) = g / (1 + exp(-g)), as torch's kernel computes it
-        const v16 gv = load16(g + i);
-        store16(o + i, gv / (1.0f + exp16(-gv)) * load16(u + i));
+      for (; i + kNativeLanes <= I; i += kNativeLanes) {  // silu(g) = g / (1 + exp(-g)), as torch's kernel computes it
+        const V gv = loadv<V>(g + i);
+        storev(o + i, gv / (1.0f + expv<kNativeLanes>(-gv)) * loadv<V>(u + i));
       }
       for (; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     }

@@ -5,11 +5,12 @@
 // tables [R, W] with each stream's row and position (`paged_decode_attention_rows`).
 //
 // Work items are (stream, KV head) pairs, handed to ATen's threads from a shared counter. An item's G = H / kv_heads
-// query heads go through the context together, 16 tokens at a time: each K row is loaded once for every head of the
-// group, the 16 scores of a head come out of one transpose-and-add tree (not 16 horizontal sums), the softmax is
-// online (running max, lane-wise running sum, one vector exp per head and chunk), and each V row is loaded once and
-// added into every head's accumulator, which stay in registers. The next block's rows are prefetched: blocks lie
-// wherever the pool put them. head_dim 16/32/64/128 take this path; other sizes a scalar one.
+// query heads go through the context in groups, L tokens at a time (L = the build's vector width, 16 floats with
+// AVX-512 and 8 with AVX2: vec_exp.h): each K row is loaded once for every head of the group, the L scores of a head
+// come out of one transpose-and-add tree (not L horizontal sums), the softmax is online (running max, lane-wise
+// running sum, one vector exp per head and chunk), and each V row is loaded once and added into every head's
+// accumulator, which stay in registers. The next block's rows are prefetched: blocks lie wherever the pool put
+// them. head_dim 16/32/64/128 take this path; other sizes a scalar one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -27,17 +28,20 @@ namespace {
 
 using namespace tokenflow;
 
-constexpr int kLanes = 16;
+template <int L> using F = typename Vec<L>::F;
 
-template <int... I>
-inline v16 shuf(v16 a, v16 b) { return __builtin_shufflevector(a, b, I...); }
+template <int... I, class V>
+inline V shuf(V a, V b) { return __builtin_shufflevector(a, b, I...); }
 
-inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+template <class V> inline V vmax(V a, V b) { return a > b ? a : b; }
 
-// r[t] = the sum of a[t]'s 16 lanes, t = 0..15: a transpose-and-add tree (15 adds, 30 two-source shuffles) instead
-// of 16 serial horizontal sums, which cost more than the dot products themselves.
-inline v16 reduce16x16(const v16* a) {
-  v16 b[8], c[4], d[2];
+// Lane t of the result is the sum of a[Slot<L>(t)]'s lanes: a transpose-and-add tree (L - 1 adds of two-source
+// shuffles) instead of L serial horizontal sums, which cost more than the dot products themselves. The 16-lane tree
+// returns token t's sum in lane t; the 8-lane one (in-lane shuffles where it can, AVX2 has few across its halves)
+// in lane perm(t) = 0 4 2 6 1 5 3 7, so callers store token t's partial sums at a[perm(t)] (perm is its own
+// inverse) and read the scores in token order.
+inline F<16> reduce_lanes(const F<16>* a) {
+  F<16> b[8], c[4], d[2];
   for (int j = 0; j < 8; ++j)
     b[j] = shuf<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23>(a[2 * j], a[2 * j + 1]) +
            shuf<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31>(a[2 * j], a[2 * j + 1]);
@@ -51,7 +55,20 @@ inline v16 reduce16x16(const v16* a) {
          shuf<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31>(d[0], d[1]);
 }
 
-inline float hmax16(v16 v) {
+inline F<8> reduce_lanes(const F<8>* a) {
+  F<8> b[4], c[2];
+  for (int j = 0; j < 4; ++j)  // [a0 lo + a0 hi | a1 lo + a1 hi]: one cross-half permute each
+    b[j] = shuf<0, 1, 2, 3, 8, 9, 10, 11>(a[2 * j], a[2 * j + 1]) +
+           shuf<4, 5, 6, 7, 12, 13, 14, 15>(a[2 * j], a[2 * j + 1]);
+  for (int j = 0; j < 2; ++j)  // in-lane from here on
+    c[j] = shuf<0, 1, 8, 9, 4, 5, 12, 13>(b[2 * j], b[2 * j + 1]) +
+           shuf<2, 3, 10, 11, 6, 7, 14, 15>(b[2 * j], b[2 * j + 1]);
+  return shuf<0, 8, 2, 10, 4, 12, 6, 14>(c[0], c[1]) + shuf<1, 9, 3, 11, 5, 13, 7, 15>(c[0], c[1]);
+}
+
+template <int L> constexpr int slot(int t) { return L == 8 ? ((t & 1) << 2) | (t & 2) | ((t & 4) >> 2) : t; }
+
+inline float hmax(F<16> v) {
   v = vmax(v, shuf<8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7>(v, v));
   v = vmax(v, shuf<4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11>(v, v));
   v = vmax(v, shuf<2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13>(v, v));
@@ -59,30 +76,39 @@ inline float hmax16(v16 v) {
   return v[0];
 }
 
+inline float hmax(F<8> v) {
+  v = vmax(v, shuf<4, 5, 6, 7, 0, 1, 2, 3>(v, v));
+  v = vmax(v, shuf<2, 3, 0, 1, 6, 7, 4, 5>(v, v));
+  v = vmax(v, shuf<1, 0, 3, 2, 5, 4, 7, 6>(v, v));
+  return v[0];
+}
+
 struct Shape {
   int64_t H, G, kvh, hd, bs, W, block_stride, tok_stride;
 };
 
-// GB query heads of one KV head (C = hd / 16 vectors per row) attend over a stream's context, 16 context tokens
-// at a time, with an online softmax (running max, lane-wise running sum): each K and V row is loaded once for all GB
-// heads, and the GB heads' independent chains interleave (one head at a time was latency-bound).
-template <int C, int GB>
+// GB query heads of one KV head (C = hd / L vectors of L lanes per row) attend over a stream's context, L context
+// tokens at a time, with an online softmax (running max, lane-wise running sum): each K and V row is loaded once
+// for all GB heads, and the GB heads' independent chains interleave (one head at a time was latency-bound).
+template <int L, int C, int GB>
 void attend_group(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table,
                   int64_t len, int64_t h, float scale, float* out) {
-  v16 qv[GB][C], acc[GB][C], lsum[GB];
+  typedef F<L> V;
+  V qv[GB][C], acc[GB][C], lsum[GB];
   float m[GB];
   for (int g = 0; g < GB; ++g) {
     for (int c = 0; c < C; ++c) {
-      qv[g][c] = load16(q + g * s.hd + c * kLanes);
-      acc[g][c] = splat(0.f);
+      qv[g][c] = loadv<V>(q + g * s.hd + c * L);
+      acc[g][c] = splat<V>(0.f);
     }
-    lsum[g] = splat(0.f);
+    lsum[g] = splat<V>(0.f);
     m[g] = -std::numeric_limits<float>::infinity();
   }
-  const v16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
-  alignas(64) v16 a[GB][kLanes];
-  alignas(64) float p[GB][kLanes];
+  V iota;
+  for (int i = 0; i < L; ++i) iota[i] = static_cast<float>(i);
+  const V neg_inf = splat<V>(-std::numeric_limits<float>::infinity());
+  alignas(64) V a[GB][L];
+  alignas(64) float p[GB][L];
   const int64_t nb = (len + s.bs - 1) / s.bs;
   for (int64_t b = 0; b < nb; ++b) {
     const float* kb = kp + table[b] * s.block_stride + h * s.hd;
@@ -91,49 +117,49 @@ void attend_group(const Shape& s, const float* q, const float* kp, const float* 
       const int64_t off = table[b + 1] * s.block_stride + h * s.hd;
       const int64_t rows = std::min(s.bs, len - (b + 1) * s.bs);
       for (int64_t t = 0; t < rows; ++t)
-        for (int c = 0; c < C; ++c) {
-          __builtin_prefetch(kp + off + t * s.tok_stride + c * kLanes);
-          __builtin_prefetch(vp + off + t * s.tok_stride + c * kLanes);
+        for (int64_t x = 0; x < s.hd; x += 16) {  // a cache line a prefetch
+          __builtin_prefetch(kp + off + t * s.tok_stride + x);
+          __builtin_prefetch(vp + off + t * s.tok_stride + x);
         }
     }
     const int64_t n_block = std::min(s.bs, len - b * s.bs);
-    for (int64_t t0 = 0; t0 < n_block; t0 += kLanes) {
-      const int n = static_cast<int>(std::min<int64_t>(kLanes, n_block - t0));
+    for (int64_t t0 = 0; t0 < n_block; t0 += L) {
+      const int n = static_cast<int>(std::min<int64_t>(L, n_block - t0));
       const float* kr0 = kb + t0 * s.tok_stride;
       const float* vr0 = vb + t0 * s.tok_stride;
-      // Rows past the context may lie past the pool (block_size < 16): never read them.
+      // Rows past the context may lie past the pool (block_size < L): never read them.
       for (int t = 0; t < n; ++t) {
-        v16 k[C];
-        for (int c = 0; c < C; ++c) k[c] = load16(kr0 + t * s.tok_stride + c * kLanes);
+        V k[C];
+        for (int c = 0; c < C; ++c) k[c] = loadv<V>(kr0 + t * s.tok_stride + c * L);
         for (int g = 0; g < GB; ++g) {
-          v16 x = qv[g][0] * k[0];
+          V x = qv[g][0] * k[0];
           for (int c = 1; c < C; ++c) x += qv[g][c] * k[c];
-          a[g][t] = x;
+          a[g][slot<L>(t)] = x;
         }
       }
-      for (int t = n; t < kLanes; ++t)
-        for (int g = 0; g < GB; ++g) a[g][t] = splat(0.f);
-      const v16 valid = splat(static_cast<float>(n));
-      alignas(64) float shift[kLanes] = {0.f};
-      v16 sc[GB];
+      for (int t = n; t < L; ++t)
+        for (int g = 0; g < GB; ++g) a[g][slot<L>(t)] = splat<V>(0.f);
+      const V valid = splat<V>(static_cast<float>(n));
+      alignas(64) float shift[L] = {0.f};
+      V sc[GB];
       for (int g = 0; g < GB; ++g) {
-        sc[g] = reduce16x16(a[g]) * scale;
+        sc[g] = reduce_lanes(a[g]) * scale;
         sc[g] = iota < valid ? sc[g] : neg_inf;
-        const float mb = std::max(m[g], hmax16(sc[g]));
+        const float mb = std::max(m[g], hmax(sc[g]));
         shift[g] = m[g] - mb;  // exp(-inf) = 0 on the first chunk
         m[g] = mb;
       }
-      const v16 corr = exp16(load16(shift));  // the GB heads' rescale factors in one vector exp
+      const V corr = expv<L>(loadv<V>(shift));  // the GB heads' rescale factors in one vector exp
       for (int g = 0; g < GB; ++g) {
-        v16 pv = exp16(sc[g] - m[g]);
-        pv = iota < valid ? pv : splat(0.f);
+        V pv = expv<L>(sc[g] - m[g]);
+        pv = iota < valid ? pv : splat<V>(0.f);
         lsum[g] = lsum[g] * corr[g] + pv;
-        store16(p[g], pv);
+        storev(p[g], pv);
         for (int c = 0; c < C; ++c) acc[g][c] *= corr[g];
       }
       for (int t = 0; t < n; ++t) {
-        v16 v[C];
-        for (int c = 0; c < C; ++c) v[c] = load16(vr0 + t * s.tok_stride + c * kLanes);
+        V v[C];
+        for (int c = 0; c < C; ++c) v[c] = loadv<V>(vr0 + t * s.tok_stride + c * L);
         for (int g = 0; g < GB; ++g)
           for (int c = 0; c < C; ++c) acc[g][c] += p[g][t] * v[c];
       }
@@ -141,23 +167,24 @@ void attend_group(const Shape& s, const float* q, const float* kp, const float* 
   }
   for (int g = 0; g < GB; ++g) {
     float l = 0.f;
-    for (int i = 0; i < kLanes; ++i) l += lsum[g][i];
+    for (int i = 0; i < L; ++i) l += lsum[g][i];
     const float inv = 1.f / l;
-    for (int c = 0; c < C; ++c) store16(out + g * s.hd + c * kLanes, acc[g][c] * inv);
+    for (int c = 0; c < C; ++c) storev(out + g * s.hd + c * L, acc[g][c] * inv);
   }
 }
 
 // All G query heads of KV head h, in groups of at most GB (GB * C accumulators fit the vector registers).
-template <int C, int GB>
+template <int L, int C, int GB>
 void attend(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table, int64_t len,
             int64_t h, float scale, float* out) {
   int64_t g = 0;
-  for (; g + GB <= s.G; g += GB) attend_group<C, GB>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd);
+  for (; g + GB <= s.G; g += GB)
+    attend_group<L, C, GB>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd);
   switch (s.G - g) {
     case 0: break;
-    case 1: attend_group<C, 1>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
-    case 2: attend_group<C, 2>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
-    default: attend_group<C, 3>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+    case 1: attend_group<L, C, 1>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+    case 2: attend_group<L, C, 2>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+    default: attend_group<L, C, 3>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
   }
 }
 
@@ -183,6 +210,33 @@ void attend_scalar(const Shape& s, const float* q, const float* kp, const float*
   }
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < hd; ++i) out[g * hd + i] = acc[g * hd + i] / l[g];
+}
+
+using AttendFn = void (*)(const Shape&, const float*, const float*, const float*, const int64_t*, int64_t, int64_t,
+                         float, float*);
+// The vector path's kernel for head_dim `hd` and G query heads per KV head, or the scalar one. Groups are sized so
+// the GB x C accumulators (and most of the query rows) fit the vector registers: 32 of them with AVX-512, 16 with
+// AVX2. At 8 lanes a 64-wide head is 8 accumulators, so its heads go one at a time: the second and third pass over
+// a (stream, KV head)'s rows reads them from L2, and groups of 2 or 3 spilled their accumulators (no faster).
+template <int L>
+AttendFn pick_kernel(int64_t hd, int64_t G);
+
+template <>
+AttendFn pick_kernel<16>(int64_t hd, int64_t G) {
+  if (hd == 16) return G % 3 == 0 ? attend<16, 1, 3> : attend<16, 1, 4>;
+  if (hd == 32) return G % 3 == 0 ? attend<16, 2, 3> : attend<16, 2, 4>;
+  if (hd == 64) return G % 3 == 0 ? attend<16, 4, 3> : attend<16, 4, 4>;
+  if (hd == 128) return attend<16, 8, 2>;
+  return attend_scalar;
+}
+
+template <>
+AttendFn pick_kernel<8>(int64_t hd, int64_t G) {
+  if (hd == 16) return G % 3 == 0 ? attend<8, 2, 3> : attend<8, 2, 4>;
+  if (hd == 32) return attend<8, 4, 2>;
+  if (hd == 64) return attend<8, 8, 1>;
+  if (hd == 128) return attend<8, 16, 1>;
+  return attend_scalar;
 }
 
 }  // namespace
@@ -218,11 +272,7 @@ torch::Tensor run(torch::Tensor q, const torch::Tensor& k_cache, const torch::Te
     const int64_t len = lens[d] + len_offset;
     TORCH_CHECK(len > 0 && len <= W * bs, "seq_len out of range for the block table");
   }
-  auto fn = attend_scalar;
-  if (hd == 16) fn = s.G % 3 == 0 ? attend<1, 3> : attend<1, 4>;
-  else if (hd == 32) fn = s.G % 3 == 0 ? attend<2, 3> : attend<2, 4>;
-  else if (hd == 64) fn = s.G % 3 == 0 ? attend<4, 3> : attend<4, 4>;
-  else if (hd == 128) fn = attend<8, 2>;
+  auto fn = pick_kernel<kNativeLanes>(hd, s.G);
   const int64_t items = D * kvh;
   // Work items handed out one at a time from a shared counter: streams of mixed lengths still split evenly.
   std::atomic<int64_t> next{0};
@@ -264,4 +314,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over paged KV (CPU, float32)");
   m.def("paged_decode_attention_rows", &paged_decode_attention_rows,
         "the same, reading the persistent block tables by row and the lengths from positions");
+  m.def("lanes", [] { return kNativeLanes; }, "floats per vector in this build (16: AVX-512, 8: AVX2)");
 }
