@@ -91,24 +91,84 @@ struct Shape {
 // tokens at a time, with an online softmax (running max, lane-wise running sum): each K and V row is loaded once
 // for all GB heads, and the GB heads' independent chains interleave (one head at a time was latency-bound).
 template <int L, int C, int GB>
-void attend_group(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table,
-                  int64_t len, int64_t h, float scale, float* out) {
+struct GroupState {
   typedef F<L> V;
   V qv[GB][C], acc[GB][C], lsum[GB];
   float m[GB];
-  for (int g = 0; g < GB; ++g) {
-    for (int c = 0; c < C; ++c) {
-      qv[g][c] = loadv<V>(q + g * s.hd + c * L);
-      acc[g][c] = splat<V>(0.f);
-    }
-    lsum[g] = splat<V>(0.f);
-    m[g] = -std::numeric_limits<float>::infinity();
-  }
-  V iota;
-  for (int i = 0; i < L; ++i) iota[i] = static_cast<float>(i);
-  const V neg_inf = splat<V>(-std::numeric_limits<float>::infinity());
+};
+
+// One chunk of n <= L context tokens (rows kr0, vr0 strided by tok_stride). Full: n == L, the loops over tokens
+// have a compile-time count (unrolled, no masks): every chunk but a block's last partial one.
+template <int L, int C, int GB, bool Full>
+inline void attend_chunk(GroupState<L, C, GB>& st, const float* kr0, const float* vr0, int64_t tok_stride, int n,
+                         float scale) {
+  typedef F<L> V;
+  if (Full) n = L;
   alignas(64) V a[GB][L];
   alignas(64) float p[GB][L];
+  // Rows past the context may lie past the pool (block_size < L): never read them.
+  for (int t = 0; t < n; ++t) {
+    V k[C];
+    for (int c = 0; c < C; ++c) k[c] = loadv<V>(kr0 + t * tok_stride + c * L);
+    for (int g = 0; g < GB; ++g) {
+      V x = st.qv[g][0] * k[0];
+      for (int c = 1; c < C; ++c) x += st.qv[g][c] * k[c];
+      a[g][slot<L>(t)] = x;
+    }
+  }
+  V iota, valid;
+  if (!Full) {
+    for (int t = n; t < L; ++t)
+      for (int g = 0; g < GB; ++g) a[g][slot<L>(t)] = splat<V>(0.f);
+    for (int i = 0; i < L; ++i) iota[i] = static_cast<float>(i);
+    valid = splat<V>(static_cast<float>(n));
+  }
+  V sc[GB];
+  bool grew = false;
+  alignas(64) float shift[L] = {0.f};
+  for (int g = 0; g < GB; ++g) {
+    sc[g] = reduce_lanes(a[g]) * scale;
+    if (!Full) sc[g] = iota < valid ? sc[g] : splat<V>(-std::numeric_limits<float>::infinity());
+    const float mb = hmax(sc[g]);
+    if (mb > st.m[g]) {
+      shift[g] = st.m[g] - mb;  // exp(-inf) = 0 on the first chunk
+      st.m[g] = mb;
+      grew = true;
+    }
+  }
+  if (grew) {  // rescale only when some head's running max grew: after the first chunks it seldom does
+    const V corr = expv<L>(loadv<V>(shift));  // the GB heads' rescale factors in one vector exp
+    for (int g = 0; g < GB; ++g) {
+      st.lsum[g] *= corr[g];
+      for (int c = 0; c < C; ++c) st.acc[g][c] *= corr[g];
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    V pv = expv<L>(sc[g] - st.m[g]);
+    if (!Full) pv = iota < valid ? pv : splat<V>(0.f);
+    st.lsum[g] += pv;
+    storev(p[g], pv);
+  }
+  for (int t = 0; t < n; ++t) {
+    V v[C];
+    for (int c = 0; c < C; ++c) v[c] = loadv<V>(vr0 + t * tok_stride + c * L);
+    for (int g = 0; g < GB; ++g)
+      for (int c = 0; c < C; ++c) st.acc[g][c] += p[g][t] * v[c];
+  }
+}
+
+template <int L, int C, int GB>
+void attend_group(const Shape& s, const float* q, const float* kp, const float* vp, const int64_t* table,
+                  int64_t len, int64_t h, float scale, float* out) {
+  GroupState<L, C, GB> st;
+  for (int g = 0; g < GB; ++g) {
+    for (int c = 0; c < C; ++c) {
+      st.qv[g][c] = loadv<F<L>>(q + g * s.hd + c * L);
+      st.acc[g][c] = splat<F<L>>(0.f);
+    }
+    st.lsum[g] = splat<F<L>>(0.f);
+    st.m[g] = -std::numeric_limits<float>::infinity();
+  }
   const int64_t nb = (len + s.bs - 1) / s.bs;
   for (int64_t b = 0; b < nb; ++b) {
     const float* kb = kp + table[b] * s.block_stride + h * s.hd;
@@ -123,53 +183,18 @@ void attend_group(const Shape& s, const float* q, const float* kp, const float* 
         }
     }
     const int64_t n_block = std::min(s.bs, len - b * s.bs);
-    for (int64_t t0 = 0; t0 < n_block; t0 += L) {
-      const int n = static_cast<int>(std::min<int64_t>(L, n_block - t0));
-      const float* kr0 = kb + t0 * s.tok_stride;
-      const float* vr0 = vb + t0 * s.tok_stride;
-      // Rows past the context may lie past the pool (block_size < L): never read them.
-      for (int t = 0; t < n; ++t) {
-        V k[C];
-        for (int c = 0; c < C; ++c) k[c] = loadv<V>(kr0 + t * s.tok_stride + c * L);
-        for (int g = 0; g < GB; ++g) {
-          V x = qv[g][0] * k[0];
-          for (int c = 1; c < C; ++c) x += qv[g][c] * k[c];
-          a[g][slot<L>(t)] = x;
-        }
-      }
-      for (int t = n; t < L; ++t)
-        for (int g = 0; g < GB; ++g) a[g][slot<L>(t)] = splat<V>(0.f);
-      const V valid = splat<V>(static_cast<float>(n));
-      alignas(64) float shift[L] = {0.f};
-      V sc[GB];
-      for (int g = 0; g < GB; ++g) {
-        sc[g] = reduce_lanes(a[g]) * scale;
-        sc[g] = iota < valid ? sc[g] : neg_inf;
-        const float mb = std::max(m[g], hmax(sc[g]));
-        shift[g] = m[g] - mb;  // exp(-inf) = 0 on the first chunk
-        m[g] = mb;
-      }
-      const V corr = expv<L>(loadv<V>(shift));  // the GB heads' rescale factors in one vector exp
-      for (int g = 0; g < GB; ++g) {
-        V pv = expv<L>(sc[g] - m[g]);
-        pv = iota < valid ? pv : splat<V>(0.f);
-        lsum[g] = lsum[g] * corr[g] + pv;
-        storev(p[g], pv);
-        for (int c = 0; c < C; ++c) acc[g][c] *= corr[g];
-      }
-      for (int t = 0; t < n; ++t) {
-        V v[C];
-        for (int c = 0; c < C; ++c) v[c] = loadv<V>(vr0 + t * s.tok_stride + c * L);
-        for (int g = 0; g < GB; ++g)
-          for (int c = 0; c < C; ++c) acc[g][c] += p[g][t] * v[c];
-      }
-    }
+    int64_t t0 = 0;
+    for (; t0 + L <= n_block; t0 += L)
+      attend_chunk<L, C, GB, true>(st, kb + t0 * s.tok_stride, vb + t0 * s.tok_stride, s.tok_stride, L, scale);
+    if (t0 < n_block)
+      attend_chunk<L, C, GB, false>(st, kb + t0 * s.tok_stride, vb + t0 * s.tok_stride, s.tok_stride,
+                                    static_cast<int>(n_block - t0), scale);
   }
   for (int g = 0; g < GB; ++g) {
     float l = 0.f;
-    for (int i = 0; i < L; ++i) l += lsum[g][i];
+    for (int i = 0; i < L; ++i) l += st.lsum[g][i];
     const float inv = 1.f / l;
-    for (int c = 0; c < C; ++c) storev(out + g * s.hd + c * L, acc[g][c] * inv);
+    for (int c = 0; c < C; ++c) storev(out + g * s.hd + c * L, st.acc[g][c] * inv);
   }
 }
 
