@@ -35,7 +35,7 @@ inline V shuf(V a, V b) { return __builtin_shufflevector(a, b, I...); }
 
 template <class V> inline V vmax(V a, V b) { return a > b ? a : b; }
 
-// Lane t of the result is the sum of a[Slot<L>(t)]'s lanes: a transpose-and-add tree (L - 1 adds of two-source
+// Lane t of the result is the sum of a[slot<L>(t)]'s lanes: a transpose-and-add tree (L - 1 adds of two-source
 // shuffles) instead of L serial horizontal sums, which cost more than the dot products themselves. The 16-lane tree
 // returns token t's sum in lane t; the 8-lane one (in-lane shuffles where it can, AVX2 has few across its halves)
 // in lane perm(t) = 0 4 2 6 1 5 3 7, so callers store token t's partial sums at a[perm(t)] (perm is its own
