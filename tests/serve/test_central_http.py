@@ -106,7 +106,7 @@ def test_a_rate_change_report_changes_how_the_owner_schedules_the_stream(central
             for i, sid in sorted(ids.items()):
                 owners.setdefault(view[sid]["replica_id"], []).append(i)
             owner, twins = max(owners.items(), key=lambda kv: (len(kv[1]), kv[0]))
-            # Every twin runs far ahead of its 1 tok/s reader, past a fifth of its length: a token's value (its
+            # Every twin runs far ahead of its 1 tok/s reader, past a fifth of its length (a quarter: margin): a token's value (its
             # effective-throughput weight, which the policy's ranking weighs against the time a stream waited) is 0
             # from there on, so from then on only buffers set the order. After a fixed 4 s, a slow box (an AVX2 CI
             # machine: ~40 tok/s a twin) had them at 150-300 of 1900 tokens, still worth a step each, and the
