@@ -205,11 +205,13 @@ void attend(const Shape& s, const float* q, const float* kp, const float* vp, co
   int64_t g = 0;
   for (; g + GB <= s.G; g += GB)
     attend_group<L, C, GB>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd);
-  switch (s.G - g) {
-    case 0: break;
-    case 1: attend_group<L, C, 1>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
-    case 2: attend_group<L, C, 2>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
-    default: attend_group<L, C, 3>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+  if constexpr (GB > 1) {  // GB 1 leaves no remainder: its groups of 2 and 3 would be built and never run
+    switch (s.G - g) {
+      case 0: break;
+      case 1: attend_group<L, C, 1>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+      case 2: attend_group<L, C, 2>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+      default: attend_group<L, C, 3>(s, q + g * s.hd, kp, vp, table, len, h, scale, out + g * s.hd); break;
+    }
   }
 }
 
