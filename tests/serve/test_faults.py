@@ -24,9 +24,13 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 MAX_TOKENS = 1800  # long enough that every stream is mid-flight when the replica dies (context: 2048)
-# The survivor serves it at once (measured 0.04-0.07 s); the only replica's restart is found by a health check
-# (every 2 s, app.py) and takes a model load: 4.8-7.3 s measured here, 12.6-13.7 s with Serve's 10 s period.
-NEXT_REQUEST_BOUND_S = {2: 5.0, 1: 15.0}
+# The survivor serves it at once (measured 0.04-0.07 s). The only replica's restart is found by a health check
+# (every 2 s, app.py) and then takes a replica start: 4.8-7.3 s measured on a quiet box, 12.6-13.7 s with Serve's
+# 10 s period, 15.4 s in a loaded CI run whose own deploy took 16.3 s. So that wait is bounded by this run's own
+# replica start (the deploy, timed) plus two health-check periods and a second for the proxy: a box's speed moves
+# both alike, while a retry storm or a missed restart still fails.
+SURVIVOR_BOUND_S = 5.0
+RESTART_MARGIN_S = 2 * 2.0 + 1.0
 
 
 @contextlib.contextmanager
@@ -38,8 +42,9 @@ def deployed(app_name: str, replicas: int, max_num_seqs: int, router: str = "def
                          policy="fcfs", max_num_seqs=max_num_seqs, num_device_blocks=512, num_host_blocks=0,
                          images=False, router=router, http=http)
     try:
+        t = time.monotonic()
         deploy(config)
-        yield config
+        yield config, time.monotonic() - t
     finally:
         undeploy(config)
 
@@ -153,7 +158,7 @@ def test_killing_one_of_two_replicas_fails_only_its_streams(serve_url, router, h
     import ray
 
     app = f"tffault2{router}{http}"
-    with deployed(app, replicas=2, max_num_seqs=8, router=router, http=http) as config:
+    with deployed(app, replicas=2, max_num_seqs=8, router=router, http=http) as (config, _):
         url, central = f"{serve_url}/{app}", central_actor(config)
 
         async def run():
@@ -188,7 +193,7 @@ def test_killing_one_of_two_replicas_fails_only_its_streams(serve_url, router, h
                 _assert_failed_mid_stream(r, ids[i])
         print(f"\n2 replicas ({router} router, {http}): killed streams failed {failed_after:.2f}s after the kill; "
               f"the next request took {next_s:.2f}s")
-        assert next_s < NEXT_REQUEST_BOUND_S[2]
+        assert next_s < SURVIVOR_BOUND_S
 
         def dead_streams_gone() -> bool:  # the ingress deregisters them at once; in direct, the actor's sweep
             view = ray.get(central.view.remote())
@@ -207,7 +212,8 @@ def test_the_only_replica_killed_before_and_after_first_tokens(serve_url, http):
     from ray import serve
 
     app = f"tffault1{http}"
-    with deployed(app, replicas=1, max_num_seqs=1, http=http) as config:  # a batch of one: the second stream waits
+    # A batch of one: the second stream waits.
+    with deployed(app, replicas=1, max_num_seqs=1, http=http) as (config, deploy_s):
         url, llm = f"{serve_url}/{app}", serve.get_deployment_handle("LLMServer", app)
 
         async def run():
@@ -231,5 +237,6 @@ def test_the_only_replica_killed_before_and_after_first_tokens(serve_url, http):
         err = json.loads(before["body"])["error"]
         # The request id to quote: the stream's in the ingress, Serve's request id from the proxy (direct).
         _assert_short_error(err, re.search(r"request id ([^)\s]+)\)", err["message"]).group(1))
-        print(f"\n1 replica ({http}): the next request took {next_s:.2f}s (served {since_kill:.2f}s after the kill)")
-        assert next_s < NEXT_REQUEST_BOUND_S[1]
+        print(f"\n1 replica ({http}): the next request took {next_s:.2f}s (served {since_kill:.2f}s after the kill); "
+              f"the deploy took {deploy_s:.2f}s")
+        assert next_s < deploy_s + RESTART_MARGIN_S
