@@ -20,7 +20,7 @@ def test_config_validates_and_builds_engine_config():
     assert (ec.cache.num_device_blocks, ec.cache.num_host_blocks, ec.scheduler.max_num_seqs) == (64, 32, 8)
     assert ec.scheduler.policy == "fcfs" and ec.default_rate == 4
     for bad in ({"policy": "nope"}, {"replicas": 0}, {"default_rate": -1}, {"max_body_bytes": 10},
-                {"api_key": ""}, {"num_device_blocks": 0}):
+                {"api_key": ""}, {"num_device_blocks": 0}, {"pin_cpus": -1}, {"pin_cpus": 1.5}, {"pin_cpus": True}):
         with pytest.raises(ValueError):
             ServeConfig(**bad)
     with pytest.raises(ValueError, match="unknown ServeConfig keys"):

@@ -5,6 +5,7 @@ over two replicas (its in-flight bookings, not the polled stats, do it: the burs
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -27,9 +28,10 @@ def route_app(serve_url):
     from tokenflow_ray.serve.app import deploy, undeploy
     from tokenflow_ray.serve.config import ServeConfig
 
-    # Half a CPU each so both fit beside the session's other apps; a pool that holds the whole burst.
+    # Half a CPU each so both fit beside the session's other apps; a pool that holds the whole burst. Each replica
+    # pinned to a core of its own, as `tokenflow bench routing --pin-cpus` runs them.
     config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=REPLICAS, router="slack", policy="fcfs",
-                         num_cpus=0.5, max_num_seqs=8, num_device_blocks=128, num_host_blocks=64,
+                         num_cpus=0.5, pin_cpus=1, max_num_seqs=8, num_device_blocks=128, num_host_blocks=64,
                          expected_stream_tokens=128, images=False)
     assert config.http == "direct"  # the default placement: Serve's proxy runs the router, as users run it
     try:
@@ -72,6 +74,31 @@ def test_the_deployment_uses_the_slack_router_and_replicas_publish_stats(route_a
 
     text = _wait(scrape, 30, "routing gauges on /metrics")
     assert "tokenflow_admitted_total" in text and "tokenflow_device_blocks_free" in text
+
+
+def _replica_threads_cpus(app: str) -> dict[str, set[frozenset[int]]]:
+    """Each live replica actor of `app`'s LLMServer -> the CPU sets its process's threads may run on."""
+    import os
+
+    import ray
+
+    out = {}
+    for actor in ray._private.state.actors().values():
+        name = actor.get("Name") or ""
+        if name.startswith(f"SERVE_REPLICA::{app}#LLMServer#") and actor["State"] == "ALIVE":
+            tids = os.listdir(f"/proc/{actor['Pid']}/task")
+            out[name] = {frozenset(os.sched_getaffinity(int(t))) for t in tids}
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < REPLICAS,
+                    reason="needs Linux and a CPU per replica")
+def test_pinned_replicas_run_every_thread_on_a_core_of_their_own(route_app):
+    cpus = _replica_threads_cpus(APP)
+    assert len(cpus) == REPLICAS, cpus
+    for name, sets in cpus.items():
+        assert len(sets) == 1 and len(next(iter(sets))) == 1, (name, sets)  # every thread, the same single CPU
+    assert len({next(iter(sets)) for sets in cpus.values()}) == REPLICAS, cpus  # a different one each
 
 
 def test_bursts_of_paced_streams_are_spread_evenly_and_complete(route_app):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tokenflow_ray.tokenizer.training.affinity import cpus_for_worker, pin_this_worker
+from tokenflow_ray.affinity import cpus_for_worker, pin_this_worker
 
 
 def test_each_local_worker_gets_its_own_slice_of_the_available_cpus():

@@ -201,7 +201,7 @@ def _routing(args: argparse.Namespace) -> int:
 
     cfg = RoutingBenchConfig(streams=args.streams, max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
                              replicas=args.replicas, rounds=args.rounds, seed=args.seed, routers=args.routers,
-                             cpus_per_replica=args.cpus_per_replica, timeout_s=args.timeout,
+                             cpus_per_replica=args.cpus_per_replica, pin_cpus=args.pin_cpus, timeout_s=args.timeout,
                              long_prompt_share=args.long_prompt_share, long_prompt_tokens=args.long_prompt_tokens)
     report, runs = run_routing_bench(cfg)
     print_table(report)
@@ -304,6 +304,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per router; medians reported")
     p.add_argument("--routers", type=_name_list, default=("slack", "default"))
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
+    p.add_argument("--pin-cpus", action="store_true",
+                   help="pin each replica to --cpus-per-replica CPUs of its own (replicas as separate devices)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
     p.add_argument("--long-prompt-share", type=float, default=0.0,

@@ -25,6 +25,7 @@ burst runs, gives the per-replica time series of the PNG.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
@@ -48,6 +49,9 @@ class RoutingBenchConfig:
     seed: int = 0
     routers: tuple[str, ...] = ("slack", "default")
     cpus_per_replica: float = 1.0
+    # Each replica pinned to cpus_per_replica CPUs of its own (ServeConfig.pin_cpus): replicas as separate devices.
+    # Unpinned, the replicas share every core, and one whose readers are paused lends its CPU to the other.
+    pin_cpus: bool = False
     policy: str = "tokenflow"
     num_device_blocks: int = 256  # per replica: contention, so placement matters
     num_host_blocks: int = 1024
@@ -75,8 +79,10 @@ class RoutingBenchConfig:
 
     def serve_config(self, router: str) -> ServeConfig:
         name = f"route_{router}"
+        pin = math.ceil(self.cpus_per_replica) if self.pin_cpus else 0
         return ServeConfig(app_name=name, route_prefix=f"/{name}", replicas=self.replicas, router=router,
-                           policy=self.policy, num_cpus=self.cpus_per_replica, num_device_blocks=self.num_device_blocks,
+                           policy=self.policy, num_cpus=self.cpus_per_replica, pin_cpus=pin,
+                           num_device_blocks=self.num_device_blocks,
                            num_host_blocks=self.num_host_blocks, expected_stream_tokens=64 + self.max_tokens,
                            images=False)
 

@@ -15,7 +15,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {"model": args.model, "replicas": args.replicas, "policy": args.policy, "host": args.host,
                  "port": args.port, "api_key": args.api_key, "router": args.router,
-                 "http": args.http, "tokenizer_dir": args.tokenizer}
+                 "http": args.http, "tokenizer_dir": args.tokenizer, "pin_cpus": args.pin_cpus}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
@@ -63,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="who answers HTTP: the replicas (direct, one hop; default) or an ingress deployment in front "
                         "(a dead replica's streams then get an error event instead of a closed connection)")
     p.add_argument("--config", metavar="serve.yaml", help="a Serve config YAML (also valid for `serve run`)")
+    p.add_argument("--pin-cpus", type=int, metavar="N",
+                   help="pin each replica to N CPUs of its own, by its local rank on the node (default 0: none)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")

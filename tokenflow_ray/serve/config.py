@@ -71,6 +71,10 @@ class ServeConfig:
     stream_events_per_s: float = 150.0
     num_cpus: float = 1.0  # per replica (Ray also sets the replica's torch threads from it)
     num_gpus: float = 0.0  # per replica
+    # >0: pin each replica's process to this many CPUs of its own (by its local rank on the node; affinity.py),
+    # as a GPU replica owns its device: unpinned on one box, replicas share every core and are one pooled
+    # capacity. A replica whose slice does not fit on its node runs unpinned (logged). 0: no pinning.
+    pin_cpus: int = 0
     # Who answers HTTP (ingress.py): "direct", the replicas themselves (one hop between engine and socket; a
     # dead replica's connections just end), or "ingress", a separate deployment in front (one more hop; a dead
     # replica's streams get 503 / an error event). ingress_max_ongoing bounds that deployment's concurrency.
@@ -138,6 +142,8 @@ class ServeConfig:
                  "ingress_max_ongoing: must be >= (max_)replicas x max_ongoing_requests + max_queued_requests")
         _require(self.api_key is None or len(self.api_key) > 0, "api_key: must be non-empty when set")
         _require(self.max_body_bytes >= 1024, "max_body_bytes: must be >= 1024")
+        _require(isinstance(self.pin_cpus, int) and not isinstance(self.pin_cpus, bool) and self.pin_cpus >= 0,
+                 "pin_cpus: must be an int >= 0 (CPUs each replica is pinned to; 0: none)")
         _require(self.router in ROUTERS, f"router: must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         _require(isinstance(self.routing_stats_period_s, (int, float)) and math.isfinite(self.routing_stats_period_s)
                  and self.routing_stats_period_s > 0, "routing_stats_period_s: must be a finite number > 0")

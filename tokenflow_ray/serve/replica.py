@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
+from tokenflow_ray.affinity import pin_this_process
 from tokenflow_ray.cluster.autoscaling import CRITICAL_BUFFER_S, ReplicaLoad, count_buffer_critical
 from tokenflow_ray.cluster.change_log import ChangeLog, paced_buffers
 from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
@@ -46,6 +47,8 @@ class ReplicaSettings:
     # served from cache, so Serve's poll never waits behind a busy engine (keep it <= the routing stats period).
     routing_stats_interval_s: float = 0.5
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
+    # >0: pin this replica's process to that many CPUs of its own, by its local rank on the node (affinity.py)
+    pin_cpus: int = 0
     sync_interval_s: float = 0.2  # the central table gets this replica's changes in one batch this often
     # Direct placement: streams beyond this many are refused 429 (admission.py); 0: no limit here (the ingress
     # placement bounds them with Serve's max_ongoing/max_queued_requests instead).
@@ -60,6 +63,16 @@ def _counts(out) -> tuple[int, int]:
     return (0, 0) if out is None else (out.num_prompt_tokens, out.num_output_tokens)
 
 
+def _pin(local_rank: int, threads: int) -> None:
+    """Replica `local_rank` on this node takes CPUs [rank x threads, (rank + 1) x threads); one that does not fit
+    runs unpinned, said in the log (a replica is never refused for it)."""
+    cpus, why = pin_this_process(local_rank, threads)
+    if cpus is None:
+        log.warning("replica at local rank %d not pinned: %s", local_rank, why)
+    else:
+        log.info("replica at local rank %d pinned to CPUs %s", local_rank, sorted(cpus))
+
+
 class LLMServer(ReplicaMigration):
     async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings, http=None, *extra) -> None:
         """`http` (IngressSettings) and `extra` (handles of deployments the routes call) in the direct placement."""
@@ -67,6 +80,8 @@ class LLMServer(ReplicaMigration):
 
         self.settings = settings
         self.http = http
+        if settings.pin_cpus > 0:  # first: every thread started from here on inherits it
+            _pin(serve.get_replica_context().rank.local_rank, settings.pin_cpus)
         if settings.torch_threads > 0:
             import torch
 
@@ -363,7 +378,8 @@ class LLMServer(ReplicaMigration):
         import torch
 
         return {"pid": os.getpid(), "torch_threads": torch.get_num_threads(),
-                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpus": sorted(os.sched_getaffinity(0)),
+                "local_rank": serve.get_replica_context().rank.local_rank}
 
     async def check_integrity(self) -> bool:
         await self.aengine.call(self.engine.check_integrity)

@@ -125,7 +125,7 @@ class ScalingSettings:
     # Gradient values on the wire: none (fp32) or bf16 (half the bytes; averaged in bf16, written back to fp32).
     grad_compress: str = "none"
     # Pin each worker to its own CPU(s) (torch_threads each) on its node: on a box with as many cores as workers,
-    # stops the kernel moving workers between cores whenever a Ray process wakes (training/affinity.py).
+    # stops the kernel moving workers between cores whenever a Ray process wakes (tokenflow_ray/affinity.py).
     pin_cpus: bool = False
 
     @property

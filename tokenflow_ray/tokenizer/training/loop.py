@@ -22,7 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .affinity import pin_this_worker
+from tokenflow_ray.affinity import pin_this_worker
+
 from .checkpoint import TrainState, load_state, save_state
 from .config import TrainConfig
 from .grad_sync import broadcast_params, start_average, world_size

@@ -1,4 +1,5 @@
-"""Pinning a Train worker's process to its own CPUs (scaling.pin_cpus).
+"""Pinning a worker to CPUs of its own: a Train worker's loop (tokenizer scaling.pin_cpus), or a whole serving
+replica's process (ServeConfig.pin_cpus).
 
 With one torch thread per worker and as many workers as a node has cores, the kernel otherwise moves the workers
 between cores whenever one of Ray's own processes wakes up, and each move costs the worker its warm caches; pinned,
@@ -6,6 +7,11 @@ Ray's processes share the cores but the workers stay put (measured +4% images/s 
 box, docs/tokenizer.md). Pinning is skipped, with a reason, when the node's workers would not each get their own
 CPUs. Slots come from the local rank on the Ray node, so several raylets on one host (a test cluster) would
 collide: leave it off there.
+
+A serving replica is pinned whole (every thread it has, and those it starts later inherit it): a replica then owns
+its CPUs as a GPU replica owns its device. Unpinned on one box, replicas share every core, so one whose readers are
+all paused lends its CPU time to the others and the replicas are one pooled capacity, which no placement decision
+can show a difference on (tokenflow bench routing --pin-cpus).
 """
 
 from __future__ import annotations
@@ -37,4 +43,21 @@ def pin_this_worker(local_rank: int, local_world_size: int, threads: int) -> tup
         return None, (f"{local_world_size} workers x {threads} threads do not fit on the {len(available)} CPUs "
                       f"this process may use")
     os.sched_setaffinity(0, cpus)
+    return cpus, ""
+
+
+def pin_this_process(slot: int, threads: int) -> tuple[set[int] | None, str]:
+    """Pin every thread of this process to the `slot`-th slice of `threads` available CPUs (slot r takes CPUs
+    [r x threads, (r + 1) x threads) of the sorted set). Returns (cpus or None, a one-line reason when not pinned)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None, "this OS has no sched_setaffinity"
+    available = os.sched_getaffinity(0)
+    cpus = cpus_for_worker(slot, slot + 1, threads, available)
+    if cpus is None:
+        return None, f"slot {slot} x {threads} threads does not fit on the {len(available)} CPUs this process may use"
+    for tid in os.listdir("/proc/self/task"):  # threads already started (Ray's, the event loop's, torch's)
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+            pass
     return cpus, ""
