@@ -49,8 +49,11 @@ class LoadResult:
 
 async def run_load(base_url: str, specs: Sequence[StreamSpec], *, model: str = "embedded",
                    api_key: str | None = None, timeout_s: float = 300.0, report_interval_s: float | None = 1.0,
+                   report_drift_s: float | None = 0.5,
                    on_done: Callable[[StreamResult], None] | None = None) -> LoadResult:
-    """report_interval_s=None sends no consumption reports (servers without the route, e.g. vLLM)."""
+    """report_interval_s=None sends no consumption reports (servers without the route, e.g. vLLM); otherwise each
+    stream checks that often and reports when its reader drifted report_drift_s seconds of reading off the
+    server's model of it (None: at every check). See client/report_trigger.py."""
     host = urlparse(base_url).hostname
     if host not in LOOPBACK:
         raise ValueError(f"base_url: the load generator only targets loopback hosts, got {host!r}")
@@ -58,7 +61,7 @@ async def run_load(base_url: str, specs: Sequence[StreamSpec], *, model: str = "
         raise ValueError(f"specs: between 1 and {MAX_STREAMS} streams, got {len(specs)}")
     limits = httpx.Limits(max_connections=len(specs) + 16, max_keepalive_connections=len(specs) + 16)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s)) as http:
-        client = PacedStreamClient(http, base_url, model, api_key, report_interval_s)
+        client = PacedStreamClient(http, base_url, model, api_key, report_interval_s, report_drift_s)
 
         async def one(spec: StreamSpec) -> StreamResult:
             await asyncio.sleep(max(0.0, spec.start_s - client.now()))

@@ -3,8 +3,10 @@
 Tokens land in a local buffer as chunks arrive; a ReaderModel drains it at `rate` tokens/s (the same model and
 metric definitions the engine uses, so client-side and server-side figures mean the same thing). The client counts
 tokens with vLLM's `continuous_usage_stats` (usage in every chunk), measures its own TTFT, stalls and token times,
-and reports how far it has read to `/v1/streams/{id}/consumption` every `report_interval_s` (None: no reports,
-for servers without that route, e.g. vLLM; the client-side metrics do not depend on them).
+and checks every `report_interval_s` whether to report how far it has read to `/v1/streams/{id}/consumption`: when
+its reader has drifted `report_drift_s` seconds of reading off the server's model of it (report_trigger.py; None:
+at every check). report_interval_s=None: no reports, for servers without that route, e.g. vLLM; the client-side
+metrics do not depend on them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tokenflow_ray.client.report_trigger import ReportTrigger
 from tokenflow_ray.metrics.reader import ReaderModel
 from tokenflow_ray.metrics.stream_metrics import StreamRecord
 
@@ -55,6 +58,7 @@ class StreamResult:
 class PacedStreamClient:
     def __init__(self, http: httpx.AsyncClient, base_url: str, model: str = "embedded",
                  api_key: str | None = None, report_interval_s: float | None = 1.0,
+                 report_drift_s: float | None = 0.5,
                  origin: float | None = None) -> None:
         if report_interval_s is not None and not report_interval_s > 0:
             raise ValueError(f"report_interval_s: must be positive or None, got {report_interval_s!r}")
@@ -62,7 +66,9 @@ class PacedStreamClient:
         self.base = base_url.rstrip("/")
         self.model = model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        ReportTrigger(1.0, report_drift_s)  # validates it before any stream starts
         self.report_interval_s = report_interval_s
+        self.report_drift_s = report_drift_s
         self.origin = time.monotonic() if origin is None else origin
 
     def now(self) -> float:
@@ -88,6 +94,7 @@ class PacedStreamClient:
         result = StreamResult(spec)
         arrival = self.now()
         reader = ReaderModel(spec.rate)
+        trigger = ReportTrigger(spec.rate, self.report_drift_s)
         reporter: asyncio.Task | None = None
         try:
             # The rate header is a routing hint: the router sees headers before the body (cluster/http_requests.py).
@@ -119,7 +126,7 @@ class PacedStreamClient:
                         result.stream_id = chunk["id"]
                         result.record = StreamRecord(chunk["id"], arrival, spec.rate, usage.get("prompt_tokens", 0))
                         if self.report_interval_s is not None:
-                            reporter = asyncio.create_task(self._report_loop(result, reader))
+                            reporter = asyncio.create_task(self._report_loop(result, reader, trigger))
                     if not chunk["choices"]:
                         continue  # the final usage-only chunk
                     choice = chunk["choices"][0]
@@ -128,6 +135,8 @@ class PacedStreamClient:
                     for _ in range(total - result.num_tokens):
                         result.record.record_token(t, reader.buffer_at(t))
                         reader.on_tokens(t)
+                    if total > result.num_tokens:
+                        trigger.on_tokens(t, total - result.num_tokens)
                     result.num_tokens = total
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
                 result.text = "".join(texts)
@@ -144,11 +153,16 @@ class PacedStreamClient:
                 result.record.mark_finished(stall_s=reader.stall_time_at(end))
         return result
 
-    async def _report_loop(self, result: StreamResult, reader: ReaderModel) -> None:
+    async def _report_loop(self, result: StreamResult, reader: ReaderModel, trigger: ReportTrigger) -> None:
         assert result.stream_id is not None and self.report_interval_s is not None
         while True:
             await asyncio.sleep(self.report_interval_s)
-            status = await self.report(result.stream_id, consumed_tokens=reader.consumed_at(self.now()))
+            t = self.now()
+            consumed = reader.consumed_at(t)
+            if not trigger.due(t, consumed):
+                continue
+            trigger.reported(t, consumed)  # before the await: tokens arriving meanwhile come after t
+            status = await self.report(result.stream_id, consumed_tokens=consumed)
             result.reports_sent += 1
             if status != 204:
                 result.report_errors.append(status)
