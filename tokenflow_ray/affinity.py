@@ -31,10 +31,8 @@ def cpus_for_worker(local_rank: int, local_world_size: int, threads: int, availa
     return set(cpus[local_rank * threads:(local_rank + 1) * threads])
 
 
-def pin_this_worker(local_rank: int, local_world_size: int, threads: int) -> tuple[set[int] | None, str]:
-    """Pin the calling thread (the one running the training loop; torch's intra-op threads and any thread it starts
-    later inherit it). Threads started before, such as gloo's and Ray's, stay free to run on any core. Returns
-    (cpus or None, a one-line reason when not pinned)."""
+def _slice(local_rank: int, local_world_size: int, threads: int) -> tuple[set[int] | None, str]:
+    """This process's slice for the worker slot, or (None, why) when it cannot be pinned."""
     if not hasattr(os, "sched_setaffinity"):
         return None, "this OS has no sched_setaffinity"
     available = os.sched_getaffinity(0)
@@ -42,19 +40,25 @@ def pin_this_worker(local_rank: int, local_world_size: int, threads: int) -> tup
     if cpus is None:
         return None, (f"{local_world_size} workers x {threads} threads do not fit on the {len(available)} CPUs "
                       f"this process may use")
-    os.sched_setaffinity(0, cpus)
     return cpus, ""
+
+
+def pin_this_worker(local_rank: int, local_world_size: int, threads: int) -> tuple[set[int] | None, str]:
+    """Pin the calling thread (the one running the training loop; torch's intra-op threads and any thread it starts
+    later inherit it). Threads started before, such as gloo's and Ray's, stay free to run on any core. Returns
+    (cpus or None, a one-line reason when not pinned)."""
+    cpus, why = _slice(local_rank, local_world_size, threads)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    return cpus, why
 
 
 def pin_this_process(slot: int, threads: int) -> tuple[set[int] | None, str]:
     """Pin every thread of this process to the `slot`-th slice of `threads` available CPUs (slot r takes CPUs
     [r x threads, (r + 1) x threads) of the sorted set). Returns (cpus or None, a one-line reason when not pinned)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None, "this OS has no sched_setaffinity"
-    available = os.sched_getaffinity(0)
-    cpus = cpus_for_worker(slot, slot + 1, threads, available)
+    cpus, why = _slice(slot, slot + 1, threads)  # the slots below this one need only exist, not be in use
     if cpus is None:
-        return None, f"slot {slot} x {threads} threads does not fit on the {len(available)} CPUs this process may use"
+        return None, why
     for tid in os.listdir("/proc/self/task"):  # threads already started (Ray's, the event loop's, torch's)
         try:
             os.sched_setaffinity(int(tid), cpus)

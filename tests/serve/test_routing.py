@@ -78,8 +78,6 @@ def test_the_deployment_uses_the_slack_router_and_replicas_publish_stats(route_a
 
 def _replica_threads_cpus(app: str) -> dict[str, set[frozenset[int]]]:
     """Each live replica actor of `app`'s LLMServer -> the CPU sets its process's threads may run on."""
-    import os
-
     import ray
 
     out = {}

@@ -10,7 +10,7 @@ reading (at least one token). A reader that keeps to its declared rate sends non
 Why not a report every interval: each one is a full HTTP request through the proxy and the replica. In the served
 demo on a 2-core box, one report a second per stream cost about 25 ms of CPU each across client, proxy and
 replica, and the buffer-aware policy, which keeps every stream open while it is read, lost 45% of its raw
-throughput to them (README, "Consumption reports").
+throughput to them (README, Results, "Demo").
 """
 
 from __future__ import annotations
@@ -20,14 +20,18 @@ import math
 from tokenflow_ray.metrics.reader import ReaderModel
 
 
+def check_drift_s(drift_s: float | None) -> None:
+    if drift_s is not None and not (math.isfinite(drift_s) and drift_s >= 0):
+        raise ValueError(f"report drift: must be a finite number >= 0 or None, got {drift_s!r}")
+
+
 class ReportTrigger:
     """Per stream. Times are the client's clock, non-decreasing across calls."""
 
     def __init__(self, rate: float, drift_s: float | None) -> None:
         """drift_s: seconds of reading the reader may be off the mirror before a report; None: report every time
         `due` is asked (the check interval alone paces reports)."""
-        if drift_s is not None and not (math.isfinite(drift_s) and drift_s >= 0):
-            raise ValueError(f"report drift: must be a finite number >= 0 or None, got {drift_s!r}")
+        check_drift_s(drift_s)
         self.mirror = ReaderModel(rate)
         self.threshold = None if drift_s is None else max(1.0, rate * drift_s)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tokenflow_ray.client.report_trigger import ReportTrigger
+from tokenflow_ray.client.report_trigger import ReportTrigger, check_drift_s
 from tokenflow_ray.metrics.reader import ReaderModel
 from tokenflow_ray.metrics.stream_metrics import StreamRecord
 
@@ -66,7 +66,7 @@ class PacedStreamClient:
         self.base = base_url.rstrip("/")
         self.model = model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        ReportTrigger(1.0, report_drift_s)  # validates it before any stream starts
+        check_drift_s(report_drift_s)
         self.report_interval_s = report_interval_s
         self.report_drift_s = report_drift_s
         self.origin = time.monotonic() if origin is None else origin
@@ -94,7 +94,7 @@ class PacedStreamClient:
         result = StreamResult(spec)
         arrival = self.now()
         reader = ReaderModel(spec.rate)
-        trigger = ReportTrigger(spec.rate, self.report_drift_s)
+        trigger = None if self.report_interval_s is None else ReportTrigger(spec.rate, self.report_drift_s)
         reporter: asyncio.Task | None = None
         try:
             # The rate header is a routing hint: the router sees headers before the body (cluster/http_requests.py).
@@ -125,7 +125,7 @@ class PacedStreamClient:
                     if result.record is None:
                         result.stream_id = chunk["id"]
                         result.record = StreamRecord(chunk["id"], arrival, spec.rate, usage.get("prompt_tokens", 0))
-                        if self.report_interval_s is not None:
+                        if trigger is not None:
                             reporter = asyncio.create_task(self._report_loop(result, reader, trigger))
                     if not chunk["choices"]:
                         continue  # the final usage-only chunk
@@ -135,7 +135,7 @@ class PacedStreamClient:
                     for _ in range(total - result.num_tokens):
                         result.record.record_token(t, reader.buffer_at(t))
                         reader.on_tokens(t)
-                    if total > result.num_tokens:
+                    if trigger is not None and total > result.num_tokens:
                         trigger.on_tokens(t, total - result.num_tokens)
                     result.num_tokens = total
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
