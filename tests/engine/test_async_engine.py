@@ -78,3 +78,37 @@ async def test_failing_step_fails_live_streams_and_engine_keeps_serving(engines)
     assert await aengine.call(lambda: aengine.engine.pool.num_free) == 64
     tokens, _ = await _collect(aengine, [8], 5)
     assert len(tokens) == 5
+
+
+async def test_ticks_while_no_output_comes_and_no_output_is_lost(engines):
+    # A stream held until 0.3 s from now makes no output meanwhile: asked to wait at most 20 ms, the iterator
+    # yields None ticks, then every token, in order (the replica sends held tokens of a paused stream so).
+    aengine, runner = engines
+    start = aengine.engine.clock.now()
+    waits: list[float] = []
+
+    def tick_after() -> float:
+        waits.append(aengine.engine.clock.now())
+        return 0.02
+
+    tokens, ticks, first_at = [], 0, None
+    async for out in aengine.generate([4, 5, 6], SamplingParams(max_tokens=12), arrival_time=start + 0.3,
+                                      tick_after=tick_after):
+        if out is None:
+            ticks += 1
+            assert not tokens  # ticks come only while nothing is made here
+            continue
+        first_at = first_at or aengine.engine.clock.now()
+        tokens.extend(out.token_ids)
+    assert tokens == runner.reference([4, 5, 6], 12)
+    assert ticks >= 5 and first_at - start >= 0.3
+    assert len(waits) >= ticks  # asked before every wait
+
+
+async def test_no_ticks_when_told_to_wait_for_the_output(engines):
+    aengine, runner = engines
+    outs = [out async for out in aengine.generate([7, 8], SamplingParams(max_tokens=6),
+                                                  arrival_time=aengine.engine.clock.now() + 0.1,
+                                                  tick_after=lambda: None)]
+    assert None not in outs
+    assert [t for o in outs for t in o.token_ids] == runner.reference([7, 8], 6)

@@ -71,16 +71,18 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                        stream_id: str | None = None, arrival_time: float | None = None,
-                       on_added: Callable[[str], None] | None = None,
-                       rate: float | None = None) -> AsyncIterator[StreamOutput]:
+                       on_added: Callable[[str], None] | None = None, rate: float | None = None,
+                       tick_after: Callable[[], float | None] | None = None) -> AsyncIterator[StreamOutput | None]:
         async for out in self._iterate(lambda: self.engine.add_request(prompt, sampling, stream_id, arrival_time,
-                                                                       rate), on_added):
+                                                                       rate), on_added, tick_after):
             yield out
 
-    async def _iterate(self, enter: Callable[[], str],
-                       on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput]:
+    async def _iterate(self, enter: Callable[[], str], on_added: Callable[[str], None] | None = None,
+                       tick_after: Callable[[], float | None] | None = None) -> AsyncIterator[StreamOutput | None]:
         """Enter a stream on the engine thread (`enter` returns its id) and yield its outputs until it ends; a
-        consumer that stops early aborts it."""
+        consumer that stops early aborts it. `tick_after`, asked before each wait: seconds to wait for the next
+        output before yielding None instead (a tick: the caller may act on time alone, e.g. send tokens it holds
+        for a stream that was paused); None: wait for the output."""
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
 
@@ -95,7 +97,15 @@ class AsyncLLMEngine:
         finished = False
         try:
             while True:
-                item = await sink.get()
+                wait = None if tick_after is None else tick_after()
+                if wait is None:
+                    item = await sink.get()
+                else:
+                    try:  # an item that lands as the wait times out is returned, not lost (wait_for)
+                        item = await asyncio.wait_for(sink.get(), wait)
+                    except asyncio.TimeoutError:
+                        yield None
+                        continue
                 if isinstance(item, StreamMoved):
                     finished = True  # not ours to abort any more
                     raise item
@@ -144,9 +154,10 @@ class AsyncLLMEngine:
         await self.call(back)
 
     async def adopt(self, exported: ExportedStream, elapsed_s: float = 0.0,
-                    on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput]:
+                    on_added: Callable[[str], None] | None = None,
+                    tick_after: Callable[[], float | None] | None = None) -> AsyncIterator[StreamOutput | None]:
         """Continue a stream another engine exported; yields its outputs from here on, like `generate`."""
-        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s), on_added):
+        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s), on_added, tick_after):
             yield out
 
     def _poll_exports(self) -> None:

@@ -7,6 +7,13 @@ tokens, are what streaming overhead scales with: all streams share a replica-wid
 feeds every reader late). A paced reader with seconds of tokens in its buffer gains nothing from frequent items
 either: its interval may grow to half of its estimated buffer time. Both stay within [min_interval_s,
 max_interval_s].
+
+The budget never makes a paced reader wait past its buffer: it stretches an interval only while what the reader
+holds still covers the wait with `min_interval_s` to spare (delivery through proxy and client). Stretched whatever
+the buffer, it was the largest part of the served demo's stall: with 48 streams the budget's 0.32 s interval came
+right after each first token, when the reader held one token (62 ms at 16 tok/s), and 34 of 48 readers stalled
+there, 14.5 s of the run's 28.9 s. Tokens held for a group go out when due even if the stream makes no new token
+by then (a paused stream): `DeltaGrouper.wait_s` says how long the sender may wait for one.
 """
 
 from __future__ import annotations
@@ -27,20 +34,27 @@ class GroupingConfig:
             raise ValueError("stream_events_per_s: must be positive")
 
     def interval(self, rate: float | None, sent: int, since_first_s: float, active_streams: int) -> float:
-        wanted = active_streams / self.events_per_s
+        share = active_streams / self.events_per_s  # this stream's share of the replica's item budget
         if rate:  # the reader started on the first token; what it has not read yet is its buffer
-            wanted = max(wanted, 0.5 * max(0.0, sent / rate - since_first_s))
+            buffer_s = max(0.0, sent / rate - since_first_s)
+            wanted = max(0.5 * buffer_s, min(share, buffer_s - self.min_interval_s))
+        else:
+            wanted = share
         return min(self.max_interval_s, max(self.min_interval_s, wanted))
 
 
 class DeltaGrouper:
-    """Per stream: is it time to send what is pending?"""
+    """Per stream: is it time to send what is pending, and how long may the sender wait for a next token?"""
 
     def __init__(self, config: GroupingConfig, rate: float | None) -> None:
         self.config, self.rate = config, rate
         self.sent = 0  # tokens sent so far
+        self.held = 0  # tokens made and not sent yet
         self.first_at: float | None = None
         self.last_at: float | None = None
+
+    def hold(self, tokens: int) -> None:
+        self.held += tokens
 
     def due(self, now: float, finished: bool, active_streams: int) -> bool:
         if finished or self.last_at is None:
@@ -48,8 +62,20 @@ class DeltaGrouper:
         interval = self.config.interval(self.rate, self.sent, now - self.first_at, active_streams)
         return now - self.last_at >= interval
 
+    def wait_s(self, now: float, active_streams: int) -> float | None:
+        """How long the sender may wait for the stream's next output before sending what it holds; None: nothing
+        held, wait as long as it takes. The interval shrinks as the reader reads, so this is re-asked after each
+        wait, never more than min_interval_s apart."""
+        if not self.held:
+            return None
+        if self.last_at is None:
+            return 0.0
+        interval = self.config.interval(self.rate, self.sent, now - self.first_at, active_streams)
+        return max(0.0, min(self.config.min_interval_s, self.last_at + interval - now))
+
     def sent_now(self, now: float, tokens: int) -> None:
         if self.first_at is None:
             self.first_at = now
         self.sent += tokens
+        self.held = 0
         self.last_at = now

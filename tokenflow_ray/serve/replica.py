@@ -122,45 +122,51 @@ class LLMServer(ReplicaMigration):
             # report that beats the batch there waits for it (CentralScheduler.register_grace_s).
             self.changes.add(sid, req.rate)
 
+        grouper = self._grouper(self.engine.config.default_rate if req.rate is None else req.rate)
         outputs = self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id, on_added=on_added,
-                                        rate=req.rate)
-        async for delta in self._deltas(outputs, req.stream_id,
-                                        self.engine.config.default_rate if req.rate is None else req.rate,
-                                        follow_moves):
+                                        rate=req.rate, tick_after=self._ticks(grouper))
+        async for delta in self._deltas(outputs, req.stream_id, grouper, follow_moves):
             yield delta
 
-    async def _deltas(self, outputs: AsyncIterator, stream_id: str, rate: float,
+    def _grouper(self, rate: float) -> DeltaGrouper:
+        return DeltaGrouper(self.settings.grouping, rate)
+
+    def _ticks(self, grouper: DeltaGrouper):
+        """The engine iterator's `tick_after`: held tokens must not wait for a next token that may not come soon."""
+        return lambda: grouper.wait_s(time.monotonic(), self._active)
+
+    async def _deltas(self, outputs: AsyncIterator, stream_id: str, grouper: DeltaGrouper,
                       follow_moves: bool = False) -> AsyncIterator[Delta]:
-        """The engine's outputs of one stream grouped into deltas (grouping.py). If the stream moves to another
-        replica, the rest comes from there through its port (migration), in order, as if it had stayed: relayed
-        here, or pulled there by a caller that follows moves (`generate`)."""
-        grouper = DeltaGrouper(self.settings.grouping, rate)
+        """The engine's outputs of one stream grouped into deltas (grouping.py); `outputs` ticks (yields None)
+        when the tokens held are due before a next output (`_ticks`). If the stream moves to another replica,
+        the rest comes from there through its port (migration), in order, as if it had stayed: relayed here, or
+        pulled there by a caller that follows moves (`generate`)."""
         text: list[str] = []
-        n_new = 0
         last = None
         self._active += 1
         active = True
         try:
             try:
                 async for out in outputs:
-                    last = out
-                    text.append(out.text)
-                    n_new += len(out.token_ids)
                     now = time.monotonic()
-                    if grouper.due(now, out.finished, self._active):
-                        yield Delta("".join(text), n_new, out.num_prompt_tokens, out.num_output_tokens,
-                                    out.finished, out.finish_reason)
-                        grouper.sent_now(now, n_new)
+                    if out is not None:
+                        last = out
+                        text.append(out.text)
+                        grouper.hold(len(out.token_ids))
+                    elif not grouper.held:
+                        continue
+                    if grouper.due(now, out is not None and out.finished, self._active):
+                        yield Delta("".join(text), grouper.held, *_counts(last), last.finished, last.finish_reason)
+                        grouper.sent_now(now, grouper.held)
                         text.clear()
-                        n_new = 0
             except StreamMoved as moved:
                 self._active -= 1
                 active = False
                 if follow_moves:  # what this replica generated, and where the rest is
-                    yield Delta("".join(text), n_new, *_counts(last), moved_to=moved.where)
+                    yield Delta("".join(text), grouper.held, *_counts(last), moved_to=moved.where)
                     return
-                if n_new and last is not None:  # what this replica generated goes out before the relay
-                    yield Delta("".join(text), n_new, last.num_prompt_tokens, last.num_output_tokens)
+                if grouper.held and last is not None:  # what this replica generated goes out before the relay
+                    yield Delta("".join(text), grouper.held, last.num_prompt_tokens, last.num_output_tokens)
                 async for delta in self._relay(stream_id, moved.where):
                     yield delta
         finally:
