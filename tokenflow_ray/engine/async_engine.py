@@ -71,18 +71,16 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                        stream_id: str | None = None, arrival_time: float | None = None,
-                       on_added: Callable[[str], None] | None = None, rate: float | None = None,
-                       tick_after: Callable[[], float | None] | None = None) -> AsyncIterator[StreamOutput | None]:
+                       on_added: Callable[[str], None] | None = None,
+                       rate: float | None = None) -> AsyncIterator[StreamOutput | None]:
         async for out in self._iterate(lambda: self.engine.add_request(prompt, sampling, stream_id, arrival_time,
-                                                                       rate), on_added, tick_after):
+                                                                       rate), on_added):
             yield out
 
-    async def _iterate(self, enter: Callable[[], str], on_added: Callable[[str], None] | None = None,
-                       tick_after: Callable[[], float | None] | None = None) -> AsyncIterator[StreamOutput | None]:
+    async def _iterate(self, enter: Callable[[], str],
+                       on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput | None]:
         """Enter a stream on the engine thread (`enter` returns its id) and yield its outputs until it ends; a
-        consumer that stops early aborts it. `tick_after`, asked before each wait: seconds to wait for the next
-        output before yielding None instead (a tick: the caller may act on time alone, e.g. send tokens it holds
-        for a stream that was paused); None: wait for the output."""
+        consumer that stops early aborts it. A None between outputs is a tick (`tick`)."""
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
 
@@ -97,15 +95,10 @@ class AsyncLLMEngine:
         finished = False
         try:
             while True:
-                wait = None if tick_after is None else tick_after()
-                if wait is None:
-                    item = await sink.get()
-                else:
-                    try:  # an item that lands as the wait times out is returned, not lost (wait_for)
-                        item = await asyncio.wait_for(sink.get(), wait)
-                    except asyncio.TimeoutError:
-                        yield None
-                        continue
+                item = await sink.get()
+                if item is None:
+                    yield None
+                    continue
                 if isinstance(item, StreamMoved):
                     finished = True  # not ours to abort any more
                     raise item
@@ -118,6 +111,13 @@ class AsyncLLMEngine:
         finally:
             if not finished and not self._stop.is_set():
                 self.submit(lambda: self._abort(sid))
+
+    def tick(self, stream_id: str) -> None:
+        """Wake the stream's iterator with a None (a tick) if it is live here: its consumer may act on time alone,
+        e.g. send tokens it holds for a stream that makes no new one (paused). Call on the consumer's event loop."""
+        entry = self._sinks.get(stream_id)
+        if entry is not None:
+            entry[1].put_nowait(None)
 
     async def abort(self, stream_id: str) -> bool:
         return await self.call(lambda: self._abort(stream_id))
@@ -154,10 +154,9 @@ class AsyncLLMEngine:
         await self.call(back)
 
     async def adopt(self, exported: ExportedStream, elapsed_s: float = 0.0,
-                    on_added: Callable[[str], None] | None = None,
-                    tick_after: Callable[[], float | None] | None = None) -> AsyncIterator[StreamOutput | None]:
+                    on_added: Callable[[str], None] | None = None) -> AsyncIterator[StreamOutput | None]:
         """Continue a stream another engine exported; yields its outputs from here on, like `generate`."""
-        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s), on_added, tick_after):
+        async for out in self._iterate(lambda: self.engine.import_stream(exported, elapsed_s), on_added):
             yield out
 
     def _poll_exports(self) -> None:

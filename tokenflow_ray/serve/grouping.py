@@ -8,12 +8,19 @@ feeds every reader late). A paced reader with seconds of tokens in its buffer ga
 either: its interval may grow to half of its estimated buffer time. Both stay within [min_interval_s,
 max_interval_s].
 
-The budget never makes a paced reader wait past its buffer: it stretches an interval only while what the reader
-holds still covers the wait with `min_interval_s` to spare (delivery through proxy and client). Stretched whatever
-the buffer, it was the largest part of the served demo's stall: with 48 streams the budget's 0.32 s interval came
-right after each first token, when the reader held one token (62 ms at 16 tok/s), and 34 of 48 readers stalled
-there, 14.5 s of the run's 28.9 s. Tokens held for a group go out when due even if the stream makes no new token
-by then (a paused stream): `DeltaGrouper.wait_s` says how long the sender may wait for one.
+While a stream's tokens come faster than its reader reads them, the budget never makes the reader wait past its
+buffer: it stretches the interval only while what the reader holds covers the wait with `min_interval_s` to spare
+(delivery through proxy and client). That is when grouping alone decides whether the reader stalls: the buffer is
+about to grow (a stream's start, a resume), and a group held past it is time the reader could have been reading.
+Stretched whatever the buffer, the budget's interval was the largest part of the served demo's stall: with 48
+streams, 0.32 s right after each first token, when the reader held one token (62 ms at 16 tok/s); 34 of 48 readers
+stalled there, 14.5 s of the run's 28.9 s. A stream made slower than it is read keeps the budget's interval: its
+reader waits for tokens whatever the grouping (its stall is set by the rate tokens come at), and items beyond the
+budget only take CPU from the engine. Sent early there too, an overloaded routing burst (`tokenflow bench routing
+--pin-cpus`, 52.5 tok/s readers) lost a quarter of its raw throughput and doubled its stall.
+
+Tokens held for a group go out when due even if the stream makes no new token by then (a paused stream):
+`DeltaGrouper.wait_s` says how long the sender may wait for one.
 """
 
 from __future__ import annotations
@@ -33,11 +40,13 @@ class GroupingConfig:
         if self.events_per_s <= 0:
             raise ValueError("stream_events_per_s: must be positive")
 
-    def interval(self, rate: float | None, sent: int, since_first_s: float, active_streams: int) -> float:
+    def interval(self, rate: float | None, sent: int, since_first_s: float, active_streams: int,
+                 outpacing: bool = False) -> float:
+        """`outpacing`: the stream's tokens are coming at least as fast as its reader reads (module docstring)."""
         share = active_streams / self.events_per_s  # this stream's share of the replica's item budget
         if rate:  # the reader started on the first token; what it has not read yet is its buffer
             buffer_s = max(0.0, sent / rate - since_first_s)
-            wanted = max(0.5 * buffer_s, min(share, buffer_s - self.min_interval_s))
+            wanted = max(0.5 * buffer_s, min(share, buffer_s - self.min_interval_s) if outpacing else share)
         else:
             wanted = share
         return min(self.max_interval_s, max(self.min_interval_s, wanted))
@@ -56,11 +65,15 @@ class DeltaGrouper:
     def hold(self, tokens: int) -> None:
         self.held += tokens
 
+    def _interval(self, now: float, active_streams: int) -> float:
+        # Held tokens made since the last send at the reader's rate or faster: its buffer is about to grow.
+        outpacing = bool(self.rate) and self.held >= self.rate * (now - self.last_at)
+        return self.config.interval(self.rate, self.sent, now - self.first_at, active_streams, outpacing)
+
     def due(self, now: float, finished: bool, active_streams: int) -> bool:
         if finished or self.last_at is None:
             return True
-        interval = self.config.interval(self.rate, self.sent, now - self.first_at, active_streams)
-        return now - self.last_at >= interval
+        return now - self.last_at >= self._interval(now, active_streams)
 
     def wait_s(self, now: float, active_streams: int) -> float | None:
         """How long the sender may wait for the stream's next output before sending what it holds; None: nothing
@@ -70,8 +83,7 @@ class DeltaGrouper:
             return None
         if self.last_at is None:
             return 0.0
-        interval = self.config.interval(self.rate, self.sent, now - self.first_at, active_streams)
-        return max(0.0, min(self.config.min_interval_s, self.last_at + interval - now))
+        return max(0.0, min(self.config.min_interval_s, self.last_at + self._interval(now, active_streams) - now))
 
     def sent_now(self, now: float, tokens: int) -> None:
         if self.first_at is None:

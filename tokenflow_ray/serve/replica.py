@@ -98,6 +98,7 @@ class LLMServer(ReplicaMigration):
         self._last_snapshot = time.monotonic()
         self.changes = ChangeLog()  # live streams, and what the central table has yet to hear
         self._active = 0  # streams being generated (the unpaced grouping budget is shared among them)
+        self._holding: dict[str, DeltaGrouper] = {}  # streams with tokens held for a group (_flush_loop)
         self._routing_stats: dict = {}  # the latest ReplicaStats.to_dict(); {} until the first refresh
         self._relayed: dict[str, object] = {}  # streams that moved away -> their new replica's port
         self._adopted: dict[str, asyncio.Task] = {}  # streams moved here -> the task feeding their source
@@ -109,6 +110,7 @@ class LLMServer(ReplicaMigration):
         self._poll = loop.create_task(self._poll_loop())
         self._sync = loop.create_task(self._sync_loop())
         self._routing_refresh = loop.create_task(self._routing_stats_loop())
+        self._flush = loop.create_task(self._flush_loop())
 
     # ---- token path -------------------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest, follow_moves: bool = False) -> AsyncIterator[Delta]:
@@ -122,25 +124,20 @@ class LLMServer(ReplicaMigration):
             # report that beats the batch there waits for it (CentralScheduler.register_grace_s).
             self.changes.add(sid, req.rate)
 
-        grouper = self._grouper(self.engine.config.default_rate if req.rate is None else req.rate)
         outputs = self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id, on_added=on_added,
-                                        rate=req.rate, tick_after=self._ticks(grouper))
-        async for delta in self._deltas(outputs, req.stream_id, grouper, follow_moves):
+                                        rate=req.rate)
+        async for delta in self._deltas(outputs, req.stream_id,
+                                        self.engine.config.default_rate if req.rate is None else req.rate,
+                                        follow_moves):
             yield delta
 
-    def _grouper(self, rate: float) -> DeltaGrouper:
-        return DeltaGrouper(self.settings.grouping, rate)
-
-    def _ticks(self, grouper: DeltaGrouper):
-        """The engine iterator's `tick_after`: held tokens must not wait for a next token that may not come soon."""
-        return lambda: grouper.wait_s(time.monotonic(), self._active)
-
-    async def _deltas(self, outputs: AsyncIterator, stream_id: str, grouper: DeltaGrouper,
+    async def _deltas(self, outputs: AsyncIterator, stream_id: str, rate: float,
                       follow_moves: bool = False) -> AsyncIterator[Delta]:
-        """The engine's outputs of one stream grouped into deltas (grouping.py); `outputs` ticks (yields None)
-        when the tokens held are due before a next output (`_ticks`). If the stream moves to another replica,
-        the rest comes from there through its port (migration), in order, as if it had stayed: relayed here, or
-        pulled there by a caller that follows moves (`generate`)."""
+        """The engine's outputs of one stream grouped into deltas (grouping.py); a stream holding tokens is in
+        `_holding`, and `_flush_loop` ticks its iterator (a None) when they are due before a next output comes. If
+        the stream moves to another replica, the rest comes from there through its port (migration), in order, as
+        if it had stayed: relayed here, or pulled there by a caller that follows moves (`generate`)."""
+        grouper = DeltaGrouper(self.settings.grouping, rate)
         text: list[str] = []
         last = None
         self._active += 1
@@ -156,9 +153,12 @@ class LLMServer(ReplicaMigration):
                     elif not grouper.held:
                         continue
                     if grouper.due(now, out is not None and out.finished, self._active):
+                        self._holding.pop(stream_id, None)
                         yield Delta("".join(text), grouper.held, *_counts(last), last.finished, last.finish_reason)
                         grouper.sent_now(now, grouper.held)
                         text.clear()
+                    else:
+                        self._holding[stream_id] = grouper
             except StreamMoved as moved:
                 self._active -= 1
                 active = False
@@ -170,9 +170,22 @@ class LLMServer(ReplicaMigration):
                 async for delta in self._relay(stream_id, moved.where):
                     yield delta
         finally:
+            self._holding.pop(stream_id, None)
             if active:
                 self._active -= 1
             self.changes.remove(stream_id)
+
+    async def _flush_loop(self) -> None:
+        """Tokens held for a group go out when due even if their stream makes no new token by then (it was
+        paused): every min_interval_s, a tick to each holding stream whose group is due. One timer for the
+        replica, not one per stream and output."""
+        period = max(self.settings.grouping.min_interval_s, 0.01)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for sid, grouper in list(self._holding.items()):
+                if grouper.wait_s(now, self._active) == 0.0:
+                    self.aengine.tick(sid)
 
     def _chat_prompt(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
         tok = self.engine.tokenizer
@@ -399,7 +412,7 @@ class LLMServer(ReplicaMigration):
         await asyncio.wait_for(self.aengine.call(lambda: None), timeout=20.0)
 
     def __del__(self) -> None:
-        for name in ("_poll", "_sync", "_routing_refresh"):
+        for name in ("_poll", "_sync", "_routing_refresh", "_flush"):
             task = getattr(self, name, None)
             if task is not None:
                 task.cancel()

@@ -8,8 +8,8 @@
   moved here; an adopted stream's deltas go back to its port, where the source pulls them.
 
 A mixin: it uses the replica's engine (`aengine`, `engine`), its change log, its central actor handle, its move
-metrics (`moves`, `metrics`) and `_grouper`, `_ticks`, `_deltas` (the token path's grouping), and keeps `_relayed`,
-`_adopted`, `_tasks` and `port`, set in LLMServer.__init__.
+metrics (`moves`, `metrics`) and `_deltas` (the token path's grouping), and keeps `_relayed`, `_adopted`, `_tasks`
+and `port`, set in LLMServer.__init__.
 """
 
 from __future__ import annotations
@@ -112,10 +112,8 @@ class ReplicaMigration:
                 port.ack.remote(sid, True)
                 self.changes.add(sid, exported.rate)
 
-            grouper = self._grouper(exported.rate)
-            outputs = self.aengine.adopt(exported, max(0.0, time.time() - sent_at), on_added=on_added,
-                                         tick_after=self._ticks(grouper))
-            async for delta in self._deltas(outputs, stream_id, grouper):
+            outputs = self.aengine.adopt(exported, max(0.0, time.time() - sent_at), on_added=on_added)
+            async for delta in self._deltas(outputs, stream_id, exported.rate):
                 if not await port.put.remote(stream_id, [delta]):
                     break  # nobody reads it any more: leaving the loop aborts it
         except asyncio.CancelledError:
