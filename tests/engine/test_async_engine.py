@@ -110,5 +110,3 @@ async def test_a_tick_wakes_the_iterator_with_none_and_no_output_is_lost(engines
     await task
     assert ticks == 3 and tokens == runner.reference([4, 5, 6], 12)
     aengine.tick(sid)  # finished: no longer live, nothing to wake
-
-

@@ -11,7 +11,8 @@ CFG = GroupingConfig(min_interval_s=0.05, max_interval_s=0.25, events_per_s=200)
 def test_first_token_and_the_last_go_at_once():
     g = DeltaGrouper(CFG, rate=20.0)
     assert g.due(0.0, finished=False, active_streams=64)
-    g.sent_now(0.0, 1)
+    g.hold(1)
+    g.sent_now(0.0)
     assert not g.due(0.01, finished=False, active_streams=64)
     assert g.due(0.01, finished=True, active_streams=64)
 
@@ -63,28 +64,29 @@ def test_unpaced_streams_share_the_replica_budget():
 
 def test_grouper_holds_until_the_interval_passes():
     g = DeltaGrouper(CFG, rate=None)
-    g.sent_now(0.0, 1)
+    g.hold(1)
+    g.sent_now(0.0)
     assert not g.due(0.10, finished=False, active_streams=32)  # 32 unpaced streams: 0.16 s
     assert g.due(0.17, finished=False, active_streams=32)
 
 
-def test_held_tokens_say_how_long_the_sender_may_wait_for_a_next_one():
+def test_held_tokens_are_flushed_when_due_without_a_next_output():
     g = DeltaGrouper(CFG, rate=20.0)
-    assert g.wait_s(0.0, active_streams=64) is None  # nothing held: wait for the first token
+    assert not g.flush_due(0.0, active_streams=64)  # nothing held: wait for the first token
     g.hold(1)
-    assert g.wait_s(0.0, active_streams=64) == 0.0  # the first token goes at once
-    g.sent_now(0.0, 1)
-    assert g.held == 0 and g.wait_s(0.01, active_streams=64) is None
+    assert g.flush_due(0.0, active_streams=64)  # the first token goes at once
+    g.sent_now(0.0)
+    assert g.held == 0 and g.sent == 1 and not g.flush_due(0.01, active_streams=64)
     g.hold(9)  # 10 tokens sent by 0.05 s: 0.45 s of buffer, the interval is the 0.25 s cap
-    g.sent_now(0.05, 9)
+    g.sent_now(0.05)
     g.hold(2)  # 2 tokens in 0.19 s are slower than the reader's 20 tok/s: the budget's interval, to the cap
-    assert g.wait_s(0.24, active_streams=64) == pytest.approx(0.05)  # re-asked at least every min_interval_s
+    assert not g.flush_due(0.24, active_streams=64)
     assert not g.due(0.29, finished=False, active_streams=64) and g.due(0.30, finished=False, active_streams=64)
     g.hold(4)  # 6 tokens in 0.19 s outpace the reader: the group must land while it still holds 0.05 s
-    # The reader reads meanwhile: at 0.24 s it holds 0.26 s, so the group is due at 0.26 s, not at the cap's 0.30 s
-    assert g.wait_s(0.24, active_streams=64) == pytest.approx(0.02)
-    assert not g.due(0.24, finished=False, active_streams=64)
-    assert g.wait_s(0.27, active_streams=64) == 0.0 and g.due(0.27, finished=False, active_streams=64)
+    # The reader reads meanwhile: at 0.24 s it holds 0.26 s and the interval is 0.21 s, shrinking as it reads; the
+    # group is due at 0.25 s, not at the cap's 0.30 s
+    assert not g.flush_due(0.24, active_streams=64) and not g.due(0.24, finished=False, active_streams=64)
+    assert g.flush_due(0.251, active_streams=64) and g.due(0.27, finished=False, active_streams=64)
 
 
 @pytest.mark.parametrize("fields", [dict(stream_interval_s=0.3, stream_max_interval_s=0.2),

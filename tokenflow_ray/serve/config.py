@@ -65,8 +65,8 @@ class ServeConfig:
     default_max_tokens: int = 16  # OpenAI's default for completions
     # The first token goes at once; later ones are grouped at least stream_interval_s and at most
     # stream_max_interval_s: half a paced reader's buffer time, or a share of the replica's stream_events_per_s
-    # (each SSE item costs ~1 ms of CPU across proxy, ingress and replica) where that buffer still covers it with
-    # stream_interval_s to spare. See grouping.py.
+    # (each SSE item costs ~1 ms of CPU across proxy, ingress and replica), which a stream whose tokens outpace its
+    # reader gets only as far as its buffer covers with stream_interval_s to spare. See grouping.py.
     stream_interval_s: float = 0.05
     stream_max_interval_s: float = 0.5
     stream_events_per_s: float = 150.0

@@ -19,8 +19,8 @@ reader waits for tokens whatever the grouping (its stall is set by the rate toke
 budget only take CPU from the engine. Sent early there too, an overloaded routing burst (`tokenflow bench routing
 --pin-cpus`, 52.5 tok/s readers) lost a quarter of its raw throughput and doubled its stall.
 
-Tokens held for a group go out when due even if the stream makes no new token by then (a paused stream):
-`DeltaGrouper.wait_s` says how long the sender may wait for one.
+Tokens held for a group go out when due even if the stream makes no new token by then (a paused stream): the
+replica's flusher asks `DeltaGrouper.flush_due`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class GroupingConfig:
 
 
 class DeltaGrouper:
-    """Per stream: is it time to send what is pending, and how long may the sender wait for a next token?"""
+    """Per stream: the tokens held, and whether it is time to send them."""
 
     def __init__(self, config: GroupingConfig, rate: float | None) -> None:
         self.config, self.rate = config, rate
@@ -75,19 +75,14 @@ class DeltaGrouper:
             return True
         return now - self.last_at >= self._interval(now, active_streams)
 
-    def wait_s(self, now: float, active_streams: int) -> float | None:
-        """How long the sender may wait for the stream's next output before sending what it holds; None: nothing
-        held, wait as long as it takes. The interval shrinks as the reader reads, so this is re-asked after each
-        wait, never more than min_interval_s apart."""
-        if not self.held:
-            return None
-        if self.last_at is None:
-            return 0.0
-        return max(0.0, min(self.config.min_interval_s, self.last_at + self._interval(now, active_streams) - now))
+    def flush_due(self, now: float, active_streams: int) -> bool:
+        """Tokens are held and their group is due: send them without waiting for a next output."""
+        return self.held > 0 and self.due(now, False, active_streams)
 
-    def sent_now(self, now: float, tokens: int) -> None:
+    def sent_now(self, now: float) -> None:
+        """Everything held was sent at `now`."""
         if self.first_at is None:
             self.first_at = now
-        self.sent += tokens
+        self.sent += self.held
         self.held = 0
         self.last_at = now

@@ -155,7 +155,7 @@ class LLMServer(ReplicaMigration):
                     if grouper.due(now, out is not None and out.finished, self._active):
                         self._holding.pop(stream_id, None)
                         yield Delta("".join(text), grouper.held, *_counts(last), last.finished, last.finish_reason)
-                        grouper.sent_now(now, grouper.held)
+                        grouper.sent_now(now)
                         text.clear()
                     else:
                         self._holding[stream_id] = grouper
@@ -184,7 +184,7 @@ class LLMServer(ReplicaMigration):
             await asyncio.sleep(period)
             now = time.monotonic()
             for sid, grouper in list(self._holding.items()):
-                if grouper.wait_s(now, self._active) == 0.0:
+                if grouper.flush_due(now, self._active):
                     self.aengine.tick(sid)
 
     def _chat_prompt(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
