@@ -88,10 +88,13 @@ def test_a_replica_stopped_for_scale_down_hands_its_streams_over_and_stops_first
             async with httpx.AsyncClient(timeout=240) as http:
                 tasks = [asyncio.create_task(_stream(http, url, i, ids, out)) for i in range(STREAMS)]
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:  # until both replicas hold streams and each port is known
+                # Until both replicas hold streams, every stream is in the central table and each port is known.
+                # Registration is off the token path, so a stream's first chunk can come before its table entry.
+                while time.monotonic() < deadline:
                     view = await central.view.remote()
+                    registered = len(ids) == STREAMS and all(sid in view for sid in ids.values())
                     owners = {view[sid]["replica_id"] for sid in ids.values() if sid in view}
-                    if len(ids) == STREAMS and len(owners) == 2 and await central.port_count.remote() == 2:
+                    if registered and len(owners) == 2 and await central.port_count.remote() == 2:
                         break
                     await asyncio.sleep(0.2)
                 owner = {i: view[sid]["replica_id"] for i, sid in ids.items()}
