@@ -1,8 +1,8 @@
 """The CPU kernels (csrc/: paged decode attention, fused small ops), each built once per machine and cached.
 
-torch's C++ extension loader compiles it on first use (about a minute on 2 cores) into its extensions folder
-($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), and later processes (Serve replicas, tests) load the
-cached build. Without a C++ compiler the engine falls back to gather + SDPA and says so once in the log.
+torch's C++ extension loader compiles it on first use (20-30 s each here; the engine builds the two side by side)
+into its extensions folder ($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), and later processes (Serve
+replicas, tests) load the cached build. Without a C++ compiler the engine falls back to gather + SDPA and says so once in the log.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import platform
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_decode_attention.cpp"
 FUSED_SOURCE = CSRC / "fused_ops.cpp"
-# A build takes about a minute here. torch's loader waits with no time limit on the lock file a build holds, and a
+# A build takes 20-30 s here. torch's loader waits with no time limit on the lock file a build holds, and a
 # process killed by a signal (SIGTERM from `timeout`, SIGKILL) leaves that file behind: every later process, the
 # Serve replicas included, then hangs at its first engine. A lock this old has no live build behind it.
 STALE_BUILD_LOCK_S = 600.0
@@ -98,3 +99,11 @@ def load_fused_ops() -> ModuleType | None:
     """RMSNorm + residual, SiLU·mul, RoPE + KV write (csrc/fused_ops.cpp). -ffp-contract=off: products and sums
     round as the reference's separate kernels do."""
     return _build("tokenflow_fused_ops", FUSED_SOURCE, "the fused small ops", ("-ffp-contract=off",))
+
+
+def build_cpu_kernels() -> None:
+    """Build (or load) both kernels at once: each build is one compiler process, so on two cores the pair takes
+    about as long as one. Each loader caches its module, so the later calls that use them find it built."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenflow-kernel-build") as pool:
+        for future in [pool.submit(load_paged_decode_attention), pool.submit(load_fused_ops)]:
+            future.result()

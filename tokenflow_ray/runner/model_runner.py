@@ -15,6 +15,7 @@ from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.models.llama import LlamaForPagedLM
 from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
 from tokenflow_ray.runner.attention import flash_attn_available, select_backend
+from tokenflow_ray.runner.cpu_kernels import build_cpu_kernels
 from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.sampler import sample
 from tokenflow_ray.runner.step_state import PersistentBatch
@@ -82,6 +83,9 @@ class TorchModelRunner:
             self.model.prepack_for_cpu()
         max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
         self.model.build_rope_tables(max_len, self.device)
+        if self.device.type == "cpu" and self.dtype == torch.float32 and mc.fused_cpu_ops and \
+                (attention_backend or mc.attention_backend) in ("auto", "cpu_paged"):
+            build_cpu_kernels()  # both at once, before the first of them is asked for
         self.fused_ops = bool(mc.fused_cpu_ops) and self.model.use_fused_cpu_ops()
         # A greedy step's tokens from the compiled kernel (float32 CPU logits) rather than argmax + tolist.
         self._argmax_rows = self.model.fused_ops.argmax_rows if self.fused_ops else None
