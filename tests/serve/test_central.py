@@ -137,6 +137,29 @@ def test_a_restarted_actor_asks_for_snapshots_and_rebuilds_its_table():
     assert asked is True and set(view) == {"a", "b", "c"} and known
 
 
+def test_after_a_restart_a_report_waits_for_the_snapshot_past_the_registration_grace():
+    """The replicas' snapshots can come seconds after a restart on a loaded box: a report for a live stream sent
+    meanwhile is delivered, not answered 404 once the usual registration grace is over."""
+    async def run(rebuilding: bool) -> tuple[bool, float]:
+        central = _central(register_grace_s=0.1, rebuild_grace_s=2.0)
+        if rebuilding:  # what __init__ sets in an actor Ray restarted (the class alone is never one)
+            central.rebuilding_until = time.monotonic() + central.settings.rebuild_grace_s
+        async def timed() -> tuple[bool, float]:
+            start = time.monotonic()
+            return await central.report(Report("a", rate=5.0)), time.monotonic() - start
+
+        report = asyncio.create_task(timed())
+        await asyncio.sleep(0.4)  # past register_grace_s
+        await _register(central, "r1", "a")  # the replica's full snapshot
+        return await report
+
+    assert _central().rebuilding_until == 0.0  # a first start: no window
+    known, waited = asyncio.run(run(rebuilding=True))
+    assert known and 0.4 <= waited < 1.5
+    known, waited = asyncio.run(run(rebuilding=False))
+    assert not known and waited < 0.3
+
+
 # ---- a dead replica's leftovers -------------------------------------------------------------------------------
 async def _two_replicas(central: CentralScheduler) -> None:
     await _register(central, "r1", "a1", "a2")

@@ -193,6 +193,7 @@ def test_killing_the_central_actor_mid_burst_loses_no_stream_and_no_report(centr
     assert statuses == [204] * readers, statuses
     assert rebuilt, "the restarted actor's table was not rebuilt with the reported rates"
     assert counters["full_snapshots"] >= 2  # one per replica: the table came from the replicas
+    assert counters["restarted"] == 1  # it knew it was restarted, so reports waited for the snapshots
     assert all(r["done"] and r["last"]["usage"]["completion_tokens"] == tokens for r in results)
 
 

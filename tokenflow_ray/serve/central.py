@@ -9,7 +9,7 @@ What it does, and what it never does:
   answered with the reports queued for it, coalesced per stream and batched over `push_interval_s`. The same call
   carries the replica's stats here, which /metrics, routing and autoscaling read (`stats`, `summary`).
 - Registration is batched, so a report can arrive before its stream's registration does: `report` waits for it
-  up to `register_grace_s`.
+  up to `register_grace_s` (up to `rebuild_grace_s` after a restart, while the replicas' snapshots come in).
 - It is named, detached and restartable (`max_restarts=-1`). After a restart its table is empty; each replica's
   next batch is answered "send everything" and its full snapshot rebuilds the table. Callers of `report` retry
   across the restart (ingress.py), and a forwarded report is answered only once its owner took it, so a report
@@ -57,6 +57,10 @@ class CentralSettings:
     poll_s: float = 1.0  # a replica's report long-poll returns after this long without reports
     push_interval_s: float = 0.05  # reports for one replica are gathered this long before they are pushed
     register_grace_s: float = 2.0  # a report for an unregistered id waits this long for its registration
+    # A restarted actor's table fills as the replicas' full snapshots come in, which takes longer than a
+    # registration on a loaded box: for this long after a restart a report for an id it has not heard of waits
+    # up to the end of this window instead (a clean-clone CI run answered 404 to a live stream's report).
+    rebuild_grace_s: float = 10.0
     # A forwarded report is answered once its owner took it (so a restart before then fails the call, and the
     # caller's retry delivers it), or after this long (the owner is dead: its streams are gone anyway).
     deliver_timeout_s: float = 5.0
@@ -68,8 +72,8 @@ class CentralSettings:
     drain_poll_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("poll_s", "push_interval_s", "register_grace_s", "deliver_timeout_s", "stale_after_s",
-                     "drain_poll_s"):
+        for name in ("poll_s", "push_interval_s", "register_grace_s", "rebuild_grace_s", "deliver_timeout_s",
+                     "stale_after_s", "drain_poll_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and value < float("inf")):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
@@ -100,6 +104,8 @@ class CentralScheduler:
         self._orders: dict[str, list[MoveOrder]] = {}  # moves a replica is to make, taken with its next poll
         self._move_waiters: dict[str, asyncio.Future] = {}
         self.moves: deque[dict] = deque(maxlen=1024)  # the latest moves: reason, timing (metrics, bench)
+        # Until then an unknown id is more likely a live stream not yet resent than a finished or bogus one.
+        self.rebuilding_until = time.monotonic() + self.settings.rebuild_grace_s if _restarted() else 0.0
 
     def _heard_from(self, replica_id: str) -> None:
         self.heard[replica_id] = time.monotonic()
@@ -174,12 +180,14 @@ class CentralScheduler:
 
     async def _await_registration(self, stream_id: str) -> None:
         """Registration is batched, so a report (or a move) right after the first token can get here first; or
-        the id never existed: wait for it, bounded by register_grace_s."""
-        if self.table.is_finished(stream_id) or self.settings.register_grace_s <= 0:
+        the id never existed: wait for it, bounded by register_grace_s (or, after a restart, by the end of the
+        rebuild_grace_s window: the table is then rebuilt from snapshots that come when the replicas notice)."""
+        grace = max(self.settings.register_grace_s, self.rebuilding_until - time.monotonic())
+        if self.table.is_finished(stream_id) or grace <= 0:
             return
         event = self._arrivals.setdefault(stream_id, asyncio.Event())
         try:
-            await asyncio.wait_for(event.wait(), self.settings.register_grace_s)
+            await asyncio.wait_for(event.wait(), grace)
         except asyncio.TimeoutError:
             if self._arrivals.get(stream_id) is event:
                 del self._arrivals[stream_id]
@@ -341,7 +349,7 @@ class CentralScheduler:
         return self.table.view()
 
     async def counters(self) -> dict[str, int]:
-        return dict(self.counts)
+        return dict(self.counts, restarted=int(self.rebuilding_until > 0))
 
 
 def central_name(app_name: str) -> str:
@@ -358,6 +366,15 @@ def get_central(settings: CentralSettings) -> ray.actor.ActorHandle:
     """The named actor, created by whichever deployment asks first (detached: it outlives its creator)."""
     return _CentralActor.options(name=settings.name, namespace=settings.namespace, lifetime="detached",
                                  get_if_exists=True).remote(settings)
+
+
+def _restarted() -> bool:
+    """Whether this process is the central actor restarted by Ray (False outside an actor: tests build the class)."""
+    try:
+        ctx = ray.get_runtime_context()
+        return ctx.get_actor_id() is not None and bool(ctx.was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - no Ray, or the GCS unreachable: act as a first start
+        return False
 
 
 async def report_with_retry(central: ray.actor.ActorHandle, report: Report, deadline_s: float) -> bool:
