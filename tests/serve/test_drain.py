@@ -23,7 +23,7 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfdrain"
-STREAMS, MAX_TOKENS = 8, 1800  # long enough to run well past the scale-down (context: 2048)
+STREAMS, MAX_TOKENS = 8, 1000  # they run ~30 s, past the scale-down (~7 s after both replicas hold streams)
 
 
 def _config():
