@@ -40,6 +40,9 @@ from tokenflow_ray.serve.local import free_ports  # noqa: E402  (after the path:
 
 BIN = Path(sys.executable).parent
 APP = "tfautoscale"
+# On SIGTERM a `ray start` head first asks the GCS to drain its node, for up to 30 s by default; the whole process
+# group gets the signal at shutdown, the GCS with it, so the request waited out all 30 s of every run.
+HEAD_DRAIN_ON_SIGTERM_S = "0"
 
 # Ray's fake_multi_node/example.yaml (not shipped in the 2.60 wheel, which AutoscalingCluster reads it from): the
 # fake provider launches nodes as local raylets.
@@ -89,6 +92,7 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         if head:
             cmd.append(f"--resources={json.dumps(head)}")
         env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
+               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": HEAD_DRAIN_ON_SIGTERM_S,
                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(override_env or {})}
         env.pop("RAY_ADDRESS", None)
         self.log = open(Path(self.temp) / "head.log", "w")
@@ -229,7 +233,11 @@ def main() -> dict:
     port, worker_port = free_ports(2)
     # The worker node's proxy gets its own port (its own address on a real cluster); the env reaches it through
     # the head, whose autoscaler launches the fake node's raylet.
-    address = cluster.start(override_env={"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_port)})
+    # A proxy left without replicas drains for RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S (30 s by default: time for a
+    # cloud load balancer's health checks to notice) before Serve stops it and the node can go idle; this test's
+    # LoadBalancer checks every 0.25 s, so 2 s is as safe here and the node goes 28 s sooner.
+    address = cluster.start(override_env={"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_port),
+                                          "RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": "2"})
     timeline = None
     try:
         import ray
@@ -279,6 +287,7 @@ def main() -> dict:
         timeline.stop.set()
         timeline.join(timeout=10)
         serve.delete(APP)
+        print(f"[autoscaling script] done at {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
         return {"t_ready": t_ready, "t_load": t_load, "t_unload": t_unload, "head_node": head_node,
                 "streams": len(results), "complete": sum(r.complete for r in results),
                 "per_proxy": {("head" if u.endswith(f":{port}") else "worker"): n
@@ -293,6 +302,7 @@ def main() -> dict:
             ray.shutdown()
         finally:
             cluster.shutdown()
+            print(f"[autoscaling script] cluster off at {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
