@@ -10,6 +10,7 @@ from tokenflow_ray.tokenizer.experiment.arms import teacher_semantic_config
 from tokenflow_ray.tokenizer.experiment.data import make_data
 from tokenflow_ray.tokenizer.experiment.sweep import SweepConfig, append_runs, markdown, run_sweep
 from tokenflow_ray.tokenizer.experiment.teacher import train_teacher
+from tokenflow_ray.torch_threads import torch_threads
 
 
 def test_shapes_dataset_splits_by_source_and_keeps_colour_a_nuisance():
@@ -24,14 +25,10 @@ def test_shapes_dataset_splits_by_source_and_keeps_colour_a_nuisance():
 def test_shapes_teacher_knows_the_shapes_at_its_default_budget():
     """The semantic side of the shapes sweep is only a test if the teacher knows the classes: at the old shared
     300-step budget it reached 0.47 on C (4 classes), underfitting its own training split. ~15 s on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the sweep runs it (SweepConfig.threads)
-    try:
+    with torch_threads(1):  # as the sweep runs it (SweepConfig.threads)
         d = make_data("shapes", seed=0, copies=2)
         cfg = SweepConfig(dataset="shapes")
         teacher = train_teacher(teacher_semantic_config(cfg.side), d.a, d.c, cfg.teacher_budget(), seed=0)
-    finally:
-        torch.set_num_threads(threads)
     assert teacher.acc_c > 0.85
     # Digits keep the budget their recorded rows (docs/tokenizer/capacity.json) were made with.
     assert SweepConfig(dataset="digits").teacher_budget() == 300
@@ -39,10 +36,12 @@ def test_shapes_teacher_knows_the_shapes_at_its_default_budget():
 
 def test_sweep_pieces_merge_and_pxs_is_bits_matched(tmp_path):
     out = tmp_path / "capacity.json"
-    for seed in (0, 1):
-        cfg = SweepConfig(dataset="shapes", seeds=(seed,), codebook_sizes=(16, 64), steps=2, teacher_steps=2,
-                          copies=1)
-        result = append_runs(out, run_sweep(cfg, log=lambda _: None), cfg)
+    with torch_threads(2):
+        for seed in (0, 1):
+            cfg = SweepConfig(dataset="shapes", seeds=(seed,), codebook_sizes=(16, 64), steps=2, teacher_steps=2,
+                              copies=1)
+            result = append_runs(out, run_sweep(cfg, log=lambda _: None), cfg)
+        assert torch.get_num_threads() == 2  # the sweep ran at its 1 thread and gave the caller's count back
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 2 * 2 * 4 and len(result["configs"]) == 2
     assert all(r["teacher_steps"] == 2 for r in runs)

@@ -47,8 +47,13 @@ async def _inproc_run(aengine, cfg: ServeBenchConfig) -> tuple[int, float]:
 
 
 def run_serve_bench(cfg: ServeBenchConfig) -> dict:
-    import torch
+    from tokenflow_ray.torch_threads import torch_threads
 
+    with torch_threads(cfg.threads):  # the in-process engine's, as the replica's num_cpus
+        return _run_serve_bench(cfg)
+
+
+def _run_serve_bench(cfg: ServeBenchConfig) -> dict:
     from tokenflow_ray.client import StreamSpec, run_load
     from tokenflow_ray.engine.async_engine import AsyncLLMEngine
     from tokenflow_ray.engine.llm_engine import LLMEngine
@@ -58,7 +63,6 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict:
     serve_cfg = ServeConfig(app_name="bench", policy=cfg.policy, max_num_seqs=max(64, cfg.streams),
                             num_device_blocks=1024, num_cpus=float(cfg.threads), images=False,
                             **({} if cfg.stream_interval_s is None else {"stream_interval_s": cfg.stream_interval_s}))
-    torch.set_num_threads(cfg.threads)
     aengine = AsyncLLMEngine(LLMEngine.from_config(serve_cfg.engine_config()))
     specs = [StreamSpec(p, max_tokens=cfg.max_tokens, rate=0.0) for p in _prompts(cfg.streams)]
     inproc, http = [], []

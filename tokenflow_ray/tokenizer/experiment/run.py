@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tokenflow_ray.torch_threads import torch_threads
+
 from .arms import ArmSpec, TrainSettings, run_arm, teacher_semantic_config
 from .data import DATASETS, make_data
 from .teacher import teacher_steps_for, train_teacher
@@ -55,9 +57,12 @@ def _aggregate(per_seed: list[dict]) -> dict:
 
 
 def run_experiment(cfg: ExperimentConfig, log=print) -> dict:
-    import torch
+    """Every arm and the w sweep, over cfg.seeds seeds, at cfg.threads torch threads."""
+    with torch_threads(cfg.threads):
+        return _run_experiment(cfg, log)
 
-    torch.set_num_threads(cfg.threads)
+
+def _run_experiment(cfg: ExperimentConfig, log) -> dict:
     t_start = time.perf_counter()
     specs = list(MAIN_ARMS) + [ArmSpec(f"TF(w={w:g})", w_dis=w) for w in cfg.sweep]
     results: dict[str, list[dict]] = {s.name: [] for s in specs}

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenflow_ray.torch_threads import torch_threads
+
 from .arms import ArmSpec, TrainSettings, arm_config, evaluate_arm, teacher_semantic_config, train_arm
 from .data import DATASETS, make_data
 from .teacher import teacher_steps_for, train_teacher
@@ -66,11 +68,13 @@ def _spec(arm: str) -> ArmSpec:
 
 
 def run_sweep(cfg: SweepConfig, log=print, on_row=None) -> list[dict]:
-    """Train and score every (seed, K, arm); returns one row per run (`on_row(row)` sees each as it is done, so a
-    piece cut short by a time limit keeps what it finished)."""
-    import torch
+    """Train and score every (seed, K, arm) at cfg.threads torch threads; returns one row per run (`on_row(row)`
+    sees each as it is done, so a piece cut short by a time limit keeps what it finished)."""
+    with torch_threads(cfg.threads):
+        return _run_sweep(cfg, log, on_row)
 
-    torch.set_num_threads(cfg.threads)
+
+def _run_sweep(cfg: SweepConfig, log, on_row) -> list[dict]:
     rows = []
     for seed in cfg.seeds:
         data = make_data(cfg.dataset, seed, copies=cfg.copies, side=cfg.side)
