@@ -104,8 +104,9 @@ class CentralScheduler:
         self._orders: dict[str, list[MoveOrder]] = {}  # moves a replica is to make, taken with its next poll
         self._move_waiters: dict[str, asyncio.Future] = {}
         self.moves: deque[dict] = deque(maxlen=1024)  # the latest moves: reason, timing (metrics, bench)
+        self.restarted = _restarted()  # by Ray, after this actor died: its table is rebuilt from snapshots
         # Until then an unknown id is more likely a live stream not yet resent than a finished or bogus one.
-        self.rebuilding_until = time.monotonic() + self.settings.rebuild_grace_s if _restarted() else 0.0
+        self.rebuilding_until = time.monotonic() + self.settings.rebuild_grace_s if self.restarted else 0.0
 
     def _heard_from(self, replica_id: str) -> None:
         self.heard[replica_id] = time.monotonic()
@@ -349,7 +350,7 @@ class CentralScheduler:
         return self.table.view()
 
     async def counters(self) -> dict[str, int]:
-        return dict(self.counts, restarted=int(self.rebuilding_until > 0))
+        return dict(self.counts, restarted=int(self.restarted))
 
 
 def central_name(app_name: str) -> str:

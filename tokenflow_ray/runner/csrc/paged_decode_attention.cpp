@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -277,8 +276,8 @@ namespace {
 // D streams: stream d's query heads at qp + d * q_row (head stride hd), its table row at tables + row(d) * W, its
 // context length lens[d] (or positions[d] + 1).
 at::Tensor run(at::Tensor q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                  const at::Tensor& tables, const int64_t* rows, const int64_t* lens, int64_t len_offset,
-                  double scale) {
+               const at::Tensor& tables, const int64_t* rows, const int64_t* lens, int64_t len_offset,
+               double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "float32 only");
@@ -323,7 +322,7 @@ at::Tensor run(at::Tensor q, const at::Tensor& k_cache, const at::Tensor& v_cach
 
 // block_tables [D, W] (one row per stream, gathered), seq_lens [D].
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                     at::Tensor block_tables, at::Tensor seq_lens, double scale) {
+                                  at::Tensor block_tables, at::Tensor seq_lens, double scale) {
   auto tables = block_tables.to(at::kLong).contiguous();
   auto lens = seq_lens.to(at::kLong).contiguous();
   TORCH_CHECK(tables.size(0) == q.size(0) && lens.size(0) == q.size(0), "bad shapes");
@@ -333,8 +332,8 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
 // The persistent tables [R, W] read in place: stream d's row is rows[d], its context positions[d] + 1 tokens
 // (the engine's step metadata as it is: no gathered table, no lengths tensor, no dtype conversions per layer).
 at::Tensor paged_decode_attention_rows(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                          at::Tensor tables, at::Tensor rows, at::Tensor positions,
-                                          double scale) {
+                                       at::Tensor tables, at::Tensor rows, at::Tensor positions,
+                                       double scale) {
   TORCH_CHECK(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong, "rows, positions: int64");
   TORCH_CHECK(rows.dim() == 1 && positions.dim() == 1 && rows.stride(0) == 1 && positions.stride(0) == 1 &&
               rows.size(0) == q.size(0) && positions.size(0) == q.size(0), "rows, positions: [D], contiguous");
