@@ -36,13 +36,11 @@ from ray.cluster_utils import AutoscalingCluster
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tokenflow_ray.serve.local import free_ports  # noqa: E402  (after the path: the script runs standalone)
+from tests.launch.ray_head import HEAD_ENV  # noqa: E402  (after the path: the script runs standalone)
+from tokenflow_ray.serve.local import free_ports  # noqa: E402
 
 BIN = Path(sys.executable).parent
 APP = "tfautoscale"
-# On SIGTERM a `ray start` head first asks the GCS to drain its node, for up to 30 s by default; the whole process
-# group gets the signal at shutdown, the GCS with it, so the request waited out all 30 s of every run.
-HEAD_DRAIN_ON_SIGTERM_S = "0"
 
 # Ray's fake_multi_node/example.yaml (not shipped in the 2.60 wheel, which AutoscalingCluster reads it from): the
 # fake provider launches nodes as local raylets.
@@ -92,7 +90,7 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         if head:
             cmd.append(f"--resources={json.dumps(head)}")
         env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
-               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": HEAD_DRAIN_ON_SIGTERM_S,
+               **HEAD_ENV,
                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(override_env or {})}
         env.pop("RAY_ADDRESS", None)
         self.log = open(Path(self.temp) / "head.log", "w")

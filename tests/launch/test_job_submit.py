@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.launch.ray_head import HEAD_ENV
 from tokenflow_ray.serve.local import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,7 @@ def _wait_http(url: str, timeout_s: float) -> None:
 @pytest.mark.timeout(420)
 def test_ray_job_submit_runs_the_burst_bench_against_the_deployed_app():
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the job's `python` is this one
-           # On SIGTERM the head asks the GCS to drain its node for up to 30 s; the GCS gets the same signal (one
-           # process group), so the request timed out after the whole 30 s at every teardown.
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **HEAD_ENV}  # the job's `python` is this one
     env.pop("RAY_ADDRESS", None)
     gcs, dash, serve_port, client, agent, agent_grpc, metrics, env_agent, nm, om = free_ports(10)
     temp = tempfile.mkdtemp(prefix="tfjob", dir="/tmp")  # short: Ray's socket paths are length-limited
