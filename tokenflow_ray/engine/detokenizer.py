@@ -36,14 +36,36 @@ class StreamDecoder(Protocol):
     def state(self) -> tuple: ...  # small and picklable: what a migrated stream carries to its new replica
 
 
+class ByteTable:
+    """A byte-level vocabulary's token -> bytes table, and each token's text where its bytes are whole UTF-8
+    characters (None where a character is split or a byte is invalid): built once per tokenizer."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces = tuple(pieces)
+        self.texts = tuple(_whole_text(p) for p in self.pieces)
+
+
+def _whole_text(piece: bytes) -> str | None:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 class ByteTableDecoder:
-    def __init__(self, table: Sequence[bytes]) -> None:
-        self._table = table
+    def __init__(self, table: ByteTable) -> None:
+        self._pieces, self._texts = table.pieces, table.texts
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, token_id: int) -> str:
-        piece = self._table[token_id] if 0 <= token_id < len(self._table) else b""
-        return self._utf8.decode(piece)
+        # Once per stream per step: with no character pending, a token of whole characters is its table text
+        # (what the incremental decoder would return, leaving nothing pending), without the decoder's Python.
+        if 0 <= token_id < len(self._texts):
+            text = self._texts[token_id]
+            if text is not None and not self._utf8.buffer:
+                return text
+            return self._utf8.decode(self._pieces[token_id])
+        return self._utf8.decode(b"")
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
@@ -107,7 +129,7 @@ class DecoderFactory:
         return decoder
 
 
-def _byte_table(tokenizer: Any) -> list[bytes] | None:
+def _byte_table(tokenizer: Any) -> ByteTable | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = getattr(backend, "decoder", None)
     if decoder is None or type(decoder).__name__ != "ByteLevel":
@@ -125,7 +147,7 @@ def _byte_table(tokenizer: Any) -> list[bytes] | None:
             table.append(bytes(inverse[c] for c in token))
         except KeyError:
             return None  # not a pure byte-level vocabulary after all
-    return table
+    return ByteTable(table)
 
 
 @dataclass
