@@ -45,7 +45,10 @@ class Scheduler:
         self.kv = KVManager(block_pool, host)
         self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size,
                                       prefill_chunk_tokens=config.max_num_batched_tokens)
-        self.streams: dict[str, Stream] = {}  # live (unfinished) streams
+        self.streams: dict[str, Stream] = {}  # live (unfinished) streams: entered and left by _enter and _leave
+        # Σ over live streams of their blocks at full length and of their average holding (view()), kept as they
+        # enter and leave rather than summed every step.
+        self._full_blocks = self._life_blocks = 0
         # Preemption cost (decision -> device blocks free), per block of each swap-out preemption: mirrored blocks
         # are free at the decision (0); tail blocks when their own copy to the host is done (StepResult.swap_out_s).
         self.preempt_costs_s: list[float] = []  # per preemption: block-weighted mean time to free its blocks
@@ -66,7 +69,7 @@ class Scheduler:
     def add(self, stream: Stream) -> None:
         self.check_admissible(stream)
         stream.status = StreamStatus.WAITING
-        self.streams[stream.stream_id] = stream
+        self._enter(stream)
 
     def check_admissible(self, stream: Stream) -> None:
         """Raise ValueError if `add` would refuse the stream (the engine checks arrivals it holds for later)."""
@@ -81,7 +84,7 @@ class Scheduler:
 
     def finish(self, stream_id: str, status: StreamStatus, now: float) -> Stream | None:
         """End a live stream (abort, stop string, ...) and return its blocks; unknown or finished ids are a no-op."""
-        stream = self.streams.pop(stream_id, None)
+        stream = self._leave(stream_id)
         if stream is None:
             return None
         self.kv.release_device(stream)
@@ -133,7 +136,7 @@ class Scheduler:
         runner drops its state with the next plan, and its reader and record are left as they are."""
         if not self.exportable(stream_id):
             raise StreamNotExportable(f"stream {stream_id!r} cannot leave now (running, loading or copying)")
-        stream = self.streams.pop(stream_id)
+        stream = self._leave(stream_id)
         self._leaving.discard(stream_id)
         self.kv.release_host(stream)
         self._table_sent.pop(stream_id, None)
@@ -161,8 +164,29 @@ class Scheduler:
                 stream.record.record_recompute(num_kv_tokens)
             stream.host_block_ids, stream.num_host_tokens = [], 0
             stream.status = StreamStatus.WAITING
-        self.streams[stream.stream_id] = stream
+        self._enter(stream)
         return host_ids
+
+    def _footprint(self, stream: Stream) -> tuple[int, int]:
+        """Blocks of the stream at its full length, and of its prompt plus half its output: over its life a stream
+        holds that on average (the batch the device holds)."""
+        bs = self.pool.block_size
+        prompt, max_tokens = len(stream.prompt_token_ids), stream.sampling.max_tokens
+        return -(-(prompt + max_tokens) // bs), -(-(prompt + max_tokens // 2) // bs)
+
+    def _enter(self, stream: Stream) -> None:
+        self.streams[stream.stream_id] = stream
+        full, life = self._footprint(stream)
+        self._full_blocks += full
+        self._life_blocks += life
+
+    def _leave(self, stream_id: str) -> Stream | None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None:
+            full, life = self._footprint(stream)
+            self._full_blocks -= full
+            self._life_blocks -= life
+        return stream
 
     @property
     def num_unfinished(self) -> int:
@@ -172,31 +196,29 @@ class Scheduler:
         return [s for s in self.streams.values() if s.status in statuses]
 
     def view(self, now: float) -> SchedulerView:
-        # One pass over the live streams (every step, so no per-figure comprehensions and method calls).
+        # One pass over the live streams (every step, so no per-figure comprehensions and method calls); the block
+        # footprints are kept as streams enter and leave.
         # The working set (Eq. 6's W): streams admitted and not finished, on the device or paused; a stream that
         # has never run is demand still outside it.
-        working_rates: list[float] = []
-        paced: list[float] = []
-        full = life = 0
-        bs = self.pool.block_size
+        num_working = num_paced = 0
+        sum_working = sum_paced = 0.0
         waiting = StreamStatus.WAITING
         for s in self.streams.values():
+            rate = s.rate
             if s.status != waiting or s.record.preemptions:
-                working_rates.append(s.rate)
-            if s.rate > 0:
-                paced.append(s.rate)
-            prompt, max_tokens = len(s.prompt_token_ids), s.sampling.max_tokens
-            full += -(-(prompt + max_tokens) // bs)
-            # Over its life a stream holds its prompt plus half its output on average: the batch the device holds.
-            life += -(-(prompt + max_tokens // 2) // bs)
+                num_working += 1
+                sum_working += rate
+            if rate > 0:
+                num_paced += 1
+                sum_paced += rate
         n = len(self.streams)
-        mean_life = life / n if n else 1.0
+        mean_life = self._life_blocks / n if n else 1.0
         return SchedulerView(now=now, cost=self.cost, device_blocks=self.pool.num_blocks,
                              host_blocks=self.kv.host.num_blocks if self.kv.host else 0,
                              block_size=self.pool.block_size, max_num_seqs=self.config.max_num_seqs,
-                             num_working=len(working_rates), sum_rate=sum(working_rates),
-                             mean_full_blocks=full / n if n else 1.0,
-                             mean_rate=sum(paced) / len(paced) if paced else 0.0,
+                             num_working=num_working, sum_rate=sum_working,
+                             mean_full_blocks=self._full_blocks / n if n else 1.0,
+                             mean_rate=sum_paced / num_paced if num_paced else 0.0,
                              max_device_batch=max(1, min(self.config.max_num_seqs,
                                                          int(self.pool.num_blocks / max(mean_life, 1.0)))))
 
@@ -400,23 +422,37 @@ class Scheduler:
         work, a shared CPU); on a virtual clock it is 0 and the runner's time stands.
 
         Returns (stream, new_token) pairs in plan order; a stream that finished has its terminal status set.
-        Equal to `advance(plan)` then `apply_result(...)`, the two halves overlapped scheduling runs apart.
+        Equal to `advance(plan)` then `apply_result(...)`, the two halves overlapped scheduling runs apart, in one
+        pass over the chunks: no placeholder goes in to be overwritten, and a stream that reaches its length is
+        finished by its stop check rather than marked finishing first (tests/engine/test_scheduler_update.py).
         """
-        self.advance(plan)
-        return self.apply_result(plan, result, now, step_s)
+        self._step_landed(plan)
+        self._learn_timings(plan, result, step_s)
+        emitted: list[tuple[Stream, int]] = []
+        streams, sampled = self.streams, result.sampled  # per-stream loop below: locals, not attribute lookups
+        for sid, tokens, _, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
+            stream = streams.get(sid)
+            if stream is None:  # aborted while the step ran
+                continue
+            stream.num_computed_tokens += len(tokens)
+            if not sample:
+                continue
+            token = sampled[sid]
+            stream.output_token_ids.append(token)
+            # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
+            stream.record.record_token(now, stream.reader.buffer_then_token(now))
+            emitted.append((stream, token))
+            stop = stream.stop_reason_after_append(token)
+            if stop is not None:
+                self.finish(sid, stop, now)
+        return emitted
 
     def advance(self, plan: StepPlan) -> None:
         """What a planned step will have done once the runner has run it, but its sampled tokens: loads landed,
         tails freed, computed counts advanced, and a PENDING_TOKEN placeholder appended where a token is sampled.
         Overlapped scheduling calls this as soon as the step is launched, so the next plan is made from the state
         after it (the runner runs steps in order, so the next plan's copies and writes come after this step's)."""
-        self.kv.step_done()
-        for sid in self.kv.loads_landed(plan.swap_in):  # a chunked load is done when its last chunk lands
-            stream = self.streams[sid]
-            self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
-            stream.status = StreamStatus.RUNNING
-        self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
-        self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
+        self._step_landed(plan)
         streams, finishing = self.streams, self._finishing
         # Chunks unpack as tuples: per running stream, every step.
         for sid, tokens, _, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
@@ -435,15 +471,7 @@ class Scheduler:
                      step_s: float = 0.0) -> list[tuple[Stream, int]]:
         """The rest of `update`, once the step's result is in: timings learnt, sampled tokens in place of their
         placeholders, reader and record updated, streams that stop finished."""
-        for sid in plan.preempted:
-            swapped = self._swap_blocks.pop(sid, None)
-            if swapped is not None:
-                now_blocks, tail = swapped
-                tail_s = result.swap_out_s.get(sid, 0.0) if tail else 0.0
-                self.preempt_tail_s.append(tail_s)
-                self.preempt_costs_s.append(tail_s * tail / max(1, now_blocks + tail))
-        self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
-                               result.copy_s, result.copy_bytes, step_s=step_s)
+        self._learn_timings(plan, result, step_s)
         emitted: list[tuple[Stream, int]] = []
         streams, sampled = self.streams, result.sampled  # per-stream loop below: locals, not attribute lookups
         for sid, tokens, start, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
@@ -462,6 +490,28 @@ class Scheduler:
             if stop is not None:
                 self.finish(stream.stream_id, stop, now)
         return emitted
+
+    def _step_landed(self, plan: StepPlan) -> None:
+        """A step's copies as done: loads that landed make their streams run, bytes moved are counted."""
+        self.kv.step_done()
+        for sid in self.kv.loads_landed(plan.swap_in):  # a chunked load is done when its last chunk lands
+            stream = self.streams[sid]
+            self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
+            stream.status = StreamStatus.RUNNING
+        self.bytes_to_host += (len(plan.write_through) + len(plan.swap_out)) * self.cost.block_bytes
+        self.bytes_from_host += len(plan.swap_in) * self.cost.block_bytes
+
+    def _learn_timings(self, plan: StepPlan, result: StepResult, step_s: float) -> None:
+        """What the step's result teaches: when preempted streams' tails were free, the step's and copies' costs."""
+        for sid in plan.preempted:
+            swapped = self._swap_blocks.pop(sid, None)
+            if swapped is not None:
+                now_blocks, tail = swapped
+                tail_s = result.swap_out_s.get(sid, 0.0) if tail else 0.0
+                self.preempt_tail_s.append(tail_s)
+                self.preempt_costs_s.append(tail_s * tail / max(1, now_blocks + tail))
+        self.cost.observe_step(result.compute_s, len(plan.decodes), sum(len(c.token_ids) for c in plan.prefills),
+                               result.copy_s, result.copy_bytes, step_s=step_s)
 
     # ---- mechanics --------------------------------------------------------------------------------------------
     def _chunk_len(self, stream: Stream, budget: int) -> int:
@@ -509,6 +559,9 @@ class Scheduler:
         assert self._finishing <= set(self.streams), "a stream marked as finishing is gone"
         assert set(self._table_sent) <= set(self.streams), "the runner is sent a table of a stream that is gone"
         assert self._leaving <= set(self.streams), "a stream held for export is gone"
+        footprints = [self._footprint(s) for s in self.streams.values()]
+        assert (self._full_blocks, self._life_blocks) == (sum(f for f, _ in footprints), sum(h for _, h in footprints)), \
+            "the kept block footprints differ from the live streams'"
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"
