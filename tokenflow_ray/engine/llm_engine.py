@@ -34,6 +34,8 @@ from tokenflow_ray.engine.scheduler import Scheduler
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 from tokenflow_ray.metrics.stream_metrics import StreamRecord
 
+_DONE = StreamStatus.FINISHED_STOPPED  # a status at or above it is terminal (without the property call per token)
+
 
 class UnknownStreamError(LookupError):
     """A report or abort named a stream that is unknown or already finished."""
@@ -364,10 +366,11 @@ class LLMEngine:
         now = self.clock.now() if now is None else now
         outputs = begun.outputs
         apply = self.scheduler.apply_result if advanced else self.scheduler.update
-        output, append, done = self._output, outputs.append, StreamStatus.FINISHED_STOPPED
+        output, append = self._output, outputs.append
         for stream, token in apply(begun.plan, result, now, step_s=now - begun.start):
-            append(output(stream, token, now))
-            if stream.status >= done:  # finished (StreamStatus.finished, without the property call per token)
+            out = output(stream, token, now)
+            append(out)
+            if out[3]:  # finished
                 self._retire(stream)
         return outputs
 
@@ -379,17 +382,20 @@ class LLMEngine:
         self._totals["streams_finished"] += 1
 
     def _output(self, stream: Stream, token: int, now: float) -> StreamOutput:
+        sid, status = stream.stream_id, stream.status
         text = ""
-        sid = stream.stream_id
         state = self._text.get(sid)
         if state is not None:
-            text, stopped = state.stops.push(state.decoder.feed(token))  # no stop strings: returned as is
-            if stopped and not stream.status.finished:
-                self.scheduler.finish(sid, StreamStatus.FINISHED_STOPPED, now)
-            elif stream.status.finished and not stopped:
+            text, stopped = state.decoder.feed(token), False
+            if state.stops.stops:  # most streams have no stop strings: their text goes out as is
+                text, stopped = state.stops.push(text)
+            if stopped:
+                if status < _DONE:
+                    self.scheduler.finish(sid, StreamStatus.FINISHED_STOPPED, now)
+                    status = stream.status
+            elif status >= _DONE:  # its last token: the text held back goes out with it
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
-        status = stream.status
-        finished = status >= StreamStatus.FINISHED_STOPPED  # the reason is looked up only for a finished stream
+        finished = status >= _DONE  # the reason is looked up only for a finished stream
         return StreamOutput(sid, (token,), text, finished, status.finish_reason if finished else None,
                             len(stream.prompt_token_ids), len(stream.output_token_ids))
 

@@ -9,12 +9,23 @@ each chunk's row, position, slot (from a host mirror of the tables, kept by the 
 
 from __future__ import annotations
 
+import itertools
+from array import array
 from dataclasses import dataclass
 
 import torch
 
 from tokenflow_ray.engine.plan import PENDING_TOKEN, StepPlan
 from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+
+_ARRAY_CODES = {torch.long: "q", torch.int32: "i"}  # the table dtypes' array typecodes (8 and 4 bytes)
+
+
+def _tensor(values: array, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 1-D tensor of an array's values on `device`. On the CPU it shares the array's memory (and keeps the array
+    alive): a few µs, where torch.tensor over a list of 128 ints takes about 25 µs, once or twice every step."""
+    t = torch.frombuffer(values, dtype=dtype)
+    return t if device.type == "cpu" else t.to(device)
 
 
 @dataclass
@@ -60,27 +71,32 @@ class PersistentBatch:
         rows: list[int] = []
         cols: list[int] = []
         vals: list[int] = []
-        for c in (*plan.decodes, *plan.prefills):
-            if c.first_block == 0:
-                self._drop(c.stream_id)
-                row = self.row_of[c.stream_id] = self._take_row()
+        row_of, host_tables, width = self.row_of, self.host_tables, self.tables.shape[1]
+        # Every scheduled stream, every step: chunks unpack as tuples, and a decode without a new block (most of
+        # them) costs one lookup and one length check.
+        for sid, _, _, new_blocks, first, _ in itertools.chain(plan.decodes, plan.prefills):
+            if first == 0:
+                self._drop(sid)
+                row = row_of[sid] = self._take_row()
             else:
-                row = self.row_of.get(c.stream_id)
-                if row is None or len(self.host_tables[row]) != c.first_block:
-                    raise RuntimeError(f"{c.stream_id}: block-table diff starts at {c.first_block}, the runner holds "
-                                       f"{None if row is None else len(self.host_tables[row])} blocks")
-            n = len(c.new_blocks)
-            if n:
-                first = c.first_block
-                if first + n > self.tables.shape[1]:
-                    raise RuntimeError(f"{c.stream_id}: block table outgrows {self.tables.shape[1]} blocks")
+                row = row_of.get(sid)
+                if row is None or len(host_tables[row]) != first:
+                    raise RuntimeError(f"{sid}: block-table diff starts at {first}, the runner holds "
+                                       f"{None if row is None else len(host_tables[row])} blocks")
+            if new_blocks:
+                n = len(new_blocks)
+                if first + n > width:
+                    raise RuntimeError(f"{sid}: block table outgrows {width} blocks")
                 rows.extend([row] * n)
                 cols.extend(range(first, first + n))
-                vals.extend(c.new_blocks)
-                self.host_tables[row].extend(c.new_blocks)  # holds `first` blocks: checked above
+                vals.extend(new_blocks)
+                host_tables[row].extend(new_blocks)  # holds `first` blocks: checked above
         if rows:  # one scatter for the whole step's new blocks
-            idx = torch.tensor([rows, cols], dtype=torch.long, device=self.device)
-            self.tables[idx[0], idx[1]] = torch.tensor(vals, dtype=self.table_dtype, device=self.device)
+            idx = array("q", rows)
+            idx.extend(cols)
+            idx_t = _tensor(idx, torch.long, self.device).view(2, -1)
+            self.tables[idx_t[0], idx_t[1]] = _tensor(array(_ARRAY_CODES[self.table_dtype], vals), self.table_dtype,
+                                                      self.device)
 
     def _drop(self, sid: str) -> None:
         row = self.row_of.pop(sid, None)
@@ -114,18 +130,26 @@ class PersistentBatch:
         pos_parts = []
         packed = None
         if D:
-            # Rows, positions, KV slots and input tokens as list comprehensions and one tensor: [4, D].
+            # Rows, positions, KV slots and input tokens: the chunks transposed once (zip), each field a map or a
+            # comprehension, and one [4, D] tensor over their values.
             row_of, host_tables = self.row_of, self.host_tables
-            rows = [row_of[c.stream_id] for c in decodes]
-            pos = [c.start_pos for c in decodes]
+            sids, toks, pos, _, _, samples = zip(*decodes)
+            rows = list(map(row_of.__getitem__, sids))
             dslots = [host_tables[r][p // bs] * bs + p % bs for r, p in zip(rows, pos)]
-            tokens = [c.token_ids[0] for c in decodes]
+            tokens = [t[0] for t in toks]
             if PENDING_TOKEN in tokens:  # overlapped scheduling: the runner's own sampled tokens go in
-                tokens = [last[c.stream_id] if t == PENDING_TOKEN else t for c, t in zip(decodes, tokens)]
-            sample_ids = [c.stream_id for c in decodes if c.sample]
+                tokens = [last[sid] if t == PENDING_TOKEN else t for sid, t in zip(sids, tokens)]
             # A decode samples unless the step's token budget cut a longer chunk to one token.
-            sample_rows = list(range(D)) if len(sample_ids) == D else [i for i, c in enumerate(decodes) if c.sample]
-            packed = torch.tensor([rows, pos, dslots, tokens], dtype=torch.long, device=dev)
+            if all(samples):
+                sample_ids, sample_rows = list(sids), list(range(D))
+            else:
+                sample_ids = [sid for sid, smp in zip(sids, samples) if smp]
+                sample_rows = [i for i, smp in enumerate(samples) if smp]
+            flat = array("q", rows)
+            flat.extend(pos)
+            flat.extend(dslots)
+            flat.extend(tokens)
+            packed = _tensor(flat, torch.long, dev).view(4, D).unbind(0)  # rows, positions, slots, tokens
             pos_t = packed[1]
             slots.append(packed[2])
             pos_parts.append(pos_t)
