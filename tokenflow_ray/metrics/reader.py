@@ -69,8 +69,36 @@ class ReaderModel:
 
     def buffer_then_token(self, t: float) -> int:
         """`buffer_at(t)` then `on_tokens(t)` for one token, checked and advanced once: the engine does this for
-        every token it emits, so it is the hot path. Returns the buffer before the token."""
-        return self._add_tokens(self._check_now(t), 1)
+        every token it emits, so it is the hot path, written out here (what `_add_tokens` does for n = 1, with
+        `_check_now`'s common case, `_advance`'s early exits and `_bank_wait` inline). Returns the buffer before
+        the token."""
+        if not (type(t) is float and -_INF < t < _INF and t >= self._now):
+            t = self._check_now(t)  # raises, or an int time as a float
+        if self._finished:
+            raise ValueError("on_tokens after finish(): the stream is finished")
+        runs, rate = self._runs, self._rate
+        if self._paused or not runs:
+            self._now = t
+        elif rate == 0:  # unpaced: everything generated is read at once
+            self._now = t
+            self._consumed = self._generated
+            runs.clear()
+        else:
+            self._advance(t)
+        buffered = self._generated - self._consumed
+        ready = self._ready
+        if ready is not None and ready < t and not runs and rate > 0 and not self._paused:
+            self._stall += t - ready  # the wait so far becomes stall history (_bank_wait)
+            self._ready = t
+        if self._first is None:
+            self._first = t
+            self._ready = t  # c_0 = g_0: the reader starts at the first token, not a stall
+        if runs and runs[-1][0] == t:
+            runs[-1] = (t, runs[-1][1] + 1)
+        else:
+            runs.append((t, 1))
+        self._generated += 1
+        return buffered
 
     def _add_tokens(self, t: float, n: int) -> int:
         """n tokens generated at t (already checked); returns the buffer at t before them."""
