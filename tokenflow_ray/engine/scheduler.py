@@ -559,8 +559,8 @@ class Scheduler:
         assert self._finishing <= set(self.streams), "a stream marked as finishing is gone"
         assert set(self._table_sent) <= set(self.streams), "the runner is sent a table of a stream that is gone"
         assert self._leaving <= set(self.streams), "a stream held for export is gone"
-        footprints = [self._footprint(s) for s in self.streams.values()]
-        assert (self._full_blocks, self._life_blocks) == (sum(f for f, _ in footprints), sum(h for _, h in footprints)), \
+        full, life = zip(*(self._footprint(s) for s in self.streams.values())) if self.streams else ((), ())
+        assert (self._full_blocks, self._life_blocks) == (sum(full), sum(life)), \
             "the kept block footprints differ from the live streams'"
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
