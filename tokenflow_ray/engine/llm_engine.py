@@ -370,7 +370,7 @@ class LLMEngine:
         for stream, token in apply(begun.plan, result, now, step_s=now - begun.start):
             out = output(stream, token, now)
             append(out)
-            if out[3]:  # finished
+            if out.finished:
                 self._retire(stream)
         return outputs
 
