@@ -32,9 +32,9 @@ def test_departures_subtract_until_the_finished_total_shows_them():
     ledger.observe("a", 2, 0)
     ledger.complete("q0", 1.0)  # the stats still count it live
     assert ledger.state_of("q0") == "departed"
-    assert (ledger.load("a").count, ledger.load("a").rate) == (-1, -8.0)
+    assert (ledger.load("a").count, ledger.load("a").rate, ledger.load("a").departed) == (-1, -8.0, 1)
     ledger.observe("a", 2, 1)
-    assert ledger.state_of("q0") is None and ledger.load("a").count == 0
+    assert ledger.state_of("q0") is None and (ledger.load("a").count, ledger.load("a").departed) == (0, 0)
 
 
 def test_the_first_snapshot_keeps_the_bookings_it_may_or_may_not_include():

@@ -90,6 +90,24 @@ def test_a_replica_whose_readers_would_stall_loses_to_a_slower_start_elsewhere()
     assert rank({"a": dataclasses.replace(urgent, min_buffer_s=None), "b": relaxed}) == ["a", "b"]
 
 
+def test_a_snapshot_whose_streams_have_all_ended_prices_no_stall_and_no_queue():
+    """Stats are 0.3-1.5 s old when read: one taken at the last burst's start shows its readers with nothing
+    buffered and their prefills queued. Once the ledger has seen every one of them end, neither remains."""
+    stale = stats(num_running=3, num_waiting=1, num_live=4, min_buffer_s=0.0, queued_prefill_s=0.02,
+                  waiting_prompt_blocks=2, sum_rate=24.0, waiting_rate=8.0)
+    idle = stats()
+    all_gone = InflightLoad(-4, -32.0, departed=4)
+    three_gone = InflightLoad(-3, -24.0, departed=3)
+    stale_score = score_replica("s", stale, all_gone, NEW, CFG, now=100.0)
+    assert (stale_score.ttft_s, stale_score.ahead, stale_score.streams) == \
+        (pytest.approx(score_replica("i", idle, InflightLoad(), NEW, CFG, now=100.0).ttft_s), 0, 0)
+    assert rank_replicas({"a": stale, "b": idle}, {"a": all_gone}, NEW, CFG, 100.0) == ["a", "b"]  # a tie: ids
+    # One of them may still be live, the least buffered for all the router knows: its stall is priced.
+    partly = score_replica("s", stale, three_gone, NEW, CFG, now=100.0)
+    assert partly.score_s > stale_score.score_s + CFG.ttft_tolerance_s
+    assert rank_replicas({"a": stale, "b": idle}, {"a": three_gone}, NEW, CFG, 100.0) == ["b", "a"]
+
+
 def test_utilisation_weight_knob_trades_a_little_ttft_for_headroom():
     hot = stats(sum_rate=480.0, num_running=30, num_live=30)  # starts it at once, Γ nearly used
     cool = stats(num_waiting=3, num_live=3, queued_prefill_s=0.06, waiting_prompt_blocks=6)  # 3 prefills ahead
@@ -311,6 +329,33 @@ def test_twins_whose_first_prompts_were_measured_10x_apart_still_split_a_burst()
     assert split["f"] > split["s"]
     with pytest.raises(ValueError, match="min_prefill_samples"):
         SlackRouterConfig(min_prefill_samples=-1)
+
+
+def test_a_burst_on_measured_twins_whose_estimates_drifted_apart_is_split():
+    """A CI run's burst of 8 went 8/0 over two equal, well-measured replicas: on a shared box one twin's learned
+    costs can read 2x the other's, the score's gap passes the tie tolerance, and counting streams ahead only broke
+    ties. Each booked stream still starting now delays the next one there by its prefill, priced at the cheapest
+    replica's rate (one price everywhere: a replica's own noisy estimate times its bookings would split unevenly)."""
+    new = NewStream(rate=8.0, prompt_tokens=99)  # the Serve test's paced stream over HTTP
+    a = stats(decode_step_s=0.011, prefill_fixed_s=0.011, prefill_s_per_token=0.00037)  # as a replica measured
+    b = stats(decode_step_s=0.022, prefill_fixed_s=0.022, prefill_s_per_token=0.00074)  # its twin, read 2x
+    gap = score_replica("b", b, InflightLoad(), new, CFG).score_s - score_replica("a", a, InflightLoad(), new,
+                                                                                  CFG).score_s
+    assert gap > CFG.ttft_tolerance_s  # beyond the tie: counts alone would never be consulted
+
+    def burst(apart_s: float) -> Counter:
+        ledger = InflightLedger()
+        for i in range(8):
+            now = 100.0 + apart_s * i
+            order = rank_replicas({"a": a, "b": b}, {r: ledger.load(r) for r in "ab"}, new, CFG, now)
+            ledger.book(f"q{i}", order[0], now, new.rate, new.prompt_tokens)
+        return Counter(ledger.replica_of(f"q{i}") for i in range(8))
+
+    assert burst(0.005) == {"a": 4, "b": 4}
+    # (Counting them only between tied scores, as before: 7/1.)
+    # Spread past the starting window each arrival finds the earlier ones started, and the twin measured faster
+    # takes them until its demand's share of Γ closes the gap (bookings still starting describe a burst only).
+    assert burst(0.2)["a"] >= 7
 
 
 def test_prompt_estimates_and_their_knob():

@@ -48,6 +48,7 @@ class InflightLoad:
     # prefills queue behind what the stats showed waiting from when they were booked.
     pending: tuple[tuple[float, int], ...] = ()
     last_booked_at: float = float("-inf")  # the replica's latest booking (a tie-break)
+    departed: int = 0  # streams the last stats count live that have ended since (the departures in count)
 
     @property
     def prompt_tokens(self) -> tuple[int, ...]:
@@ -159,7 +160,7 @@ class InflightLedger:
         live = [b for b in r.pending.values() if not b.done]
         gone = list(r.departed.values())
         return InflightLoad(len(live) - len(gone), sum(b.rate for b in live) - sum(b.rate for b in gone),
-                            tuple((b.booked_at, b.prompt_tokens) for b in live), r.last_booked_at)
+                            tuple((b.booked_at, b.prompt_tokens) for b in live), r.last_booked_at, len(gone))
 
     def replica_ids(self) -> set[str]:
         return set(self._replicas)

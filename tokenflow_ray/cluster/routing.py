@@ -4,8 +4,9 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
 
     score = ttft + slack_stall + overload + memory + utilisation
     ttft        = the step in progress at the replica's running batch + what is left of the prefill queued there
-                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + this
-                  stream's own prefill (the replica's cost model prices each)
+                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + the prompts
+                  of streams this router booked there that are still starting (within `starting_s`), at the
+                  cheapest replica's per-token cost + this stream's own prefill (the replica's cost model)
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
                   below its buffer slack" costs when it cannot be avoided)
@@ -16,6 +17,13 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
                   hold this stream's prompt: someone must be paused (or the stream waits) before it starts
     utilisation = utilisation_weight_s × D/Γ: between replicas that can all start it at once, the one with more
                   headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
+
+The booked prompts are priced at one rate on every replica so that a burst's own streams raise the price of
+where they went: with them only counted between tied scores, a CI run's burst of 8 went 8/0 over two equal
+replicas whose scores stood more than the tolerance apart (a learned cost read 2x its twin's on a shared box, or a
+snapshot from the last burst's start), and nothing in the score grew with the bookings. At each replica's own
+rate, that rate's noise would be multiplied by the count. Departures count too: once the ledger has seen every
+stream a snapshot shows live end, its queue, its readers' least buffer and its waiting prompts' blocks are gone.
 
 Scores within `ttft_tolerance_s` of the best remaining one count as equal: each replica's cost model is learned
 from its own noisy steps (a shared CPU, a GPU's clocks), and letting a few milliseconds of estimate decide would
@@ -137,18 +145,27 @@ def prefill_queue(stats: ReplicaStats, now: float) -> tuple[float, int]:
 
 
 def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, new: NewStream,
-                  cfg: SlackRouterConfig, now: float | None = None) -> ReplicaScore:
-    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting."""
-    wait, ahead = prefill_queue(stats, stats.computed_at if now is None else now)
-    ahead += sum(1 for booked_at, _ in inflight.pending if now is None or now - booked_at < cfg.starting_s)
+                  cfg: SlackRouterConfig, now: float | None = None,
+                  booked_s_per_token: float | None = None) -> ReplicaScore:
+    """`now`: wall time (time.time()) of the decision; None: the snapshot's own, every booking still starting.
+    `booked_s_per_token`: the price of a prompt token booked here and still starting (None: the replica's own)."""
+    # Every stream the stats showed live has ended since (departures the ledger saw): their queue and the least
+    # buffer among their readers are gone with them. Stats are 0.3-1.5 s old, about a short burst's life, and a
+    # snapshot from the last burst's start would price a reader that has long left as about to stall.
+    ended = stats.num_live > 0 and inflight.departed >= stats.num_live
+    wait, ahead = (0.0, 0) if ended else prefill_queue(stats, stats.computed_at if now is None else now)
+    starting = [n for booked_at, n in inflight.pending if now is None or now - booked_at < cfg.starting_s]
+    ahead += len(starting)
+    per_token = stats.prefill_s_per_token if booked_s_per_token is None else booked_s_per_token
+    wait += per_token * sum(starting)  # their prompts are prefilled with or before this one's (chunked together)
     ttft = stats.decode_step_s + wait + stats.prefill_s(new.prompt_tokens)
-    stall = 0.0 if stats.min_buffer_s is None else max(0.0, ttft - stats.min_buffer_s)
+    stall = 0.0 if stats.min_buffer_s is None or ended else max(0.0, ttft - stats.min_buffer_s)
     demand = max(0.0, stats.demand_rate + inflight.rate) + new.rate  # departures can undercut stale stats
     capacity = stats.capacity_tok_s
     overload = 0.0
     if demand > capacity:
         overload = cfg.overload_horizon_s * (demand - capacity) / demand
-    free = (stats.device_blocks_free - stats.waiting_prompt_blocks
+    free = (stats.device_blocks_free - (0 if ended else stats.waiting_prompt_blocks)
             - sum(stats.blocks_for(n) for n in inflight.prompt_tokens))
     memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
@@ -172,7 +189,10 @@ def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[st
         peer = min(measured, key=lambda s: (s.prefill_s(new.prompt_tokens), s.decode_step_s))
         stats = {rid: s if s.prefill_samples >= cfg.min_prefill_samples else priced_like(s, peer)
                  for rid, s in stats.items()}
-    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now)
+    # Streams booked and still starting are priced at one rate everywhere, the cheapest replica's: a replica's own
+    # estimate is noisy, and multiplied by the count of its bookings it would let that noise split a burst.
+    price = min(s.prefill_s_per_token for s in stats.values())
+    remaining = sorted((score_replica(rid, s, inflight.get(rid, InflightLoad()), new, cfg, now, price)
                         for rid, s in stats.items()),
                        key=lambda r: (r.score_s, r.replica_id))
     order: list[str] = []
