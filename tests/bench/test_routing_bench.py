@@ -41,7 +41,8 @@ def test_config_checks_and_one_app_per_router():
         with pytest.raises(ValueError, match="long_prompt"):
             RoutingBenchConfig(**bad)
     assert RoutingBenchConfig(long_prompt_share=0.0, long_prompt_tokens=1400).long_prompts() == {}
-    for bad in ({"routers": ("nope",)}, {"routers": ()}, {"streams": 0}, {"rate": 0}):
+    for bad in ({"routers": ("nope",)}, {"routers": ()}, {"streams": 0}, {"rate": 0}, {"warm_rounds": -1},
+                {"warm_rounds": 1.5}, {"warm_rounds": True}):
         with pytest.raises(ValueError):
             RoutingBenchConfig(**bad)
     cfg = RoutingBenchConfig()
@@ -66,3 +67,39 @@ def test_medians_over_rounds_keep_every_round():
     assert (out["effective_tput"], out["stall_s"], out["ttft_p50_s"]) == (20, 2, pytest.approx(0.1))
     assert out["per_replica_streams"] == [6, 4] and out["complete"] == 9
     assert [r["round"] for r in out["rounds"]] == [0, 1, 2]
+
+
+def test_warm_rounds_run_first_in_turn_and_stay_out_of_the_medians(monkeypatch):
+    """The session's cold start falls on unmeasured bursts, one per router per warm round, alternating as the
+    measured rounds do; the medians and `order` are the measured rounds' alone, the warm ones kept apart."""
+    import contextlib
+
+    import tokenflow_ray.bench.routing_bench as rb
+    import tokenflow_ray.serve.app as app
+    import tokenflow_ray.serve.central as central
+    import tokenflow_ray.serve.local as local
+
+    calls = []
+
+    def run_once(url, cfg, router, rnd, central_handle):
+        calls.append((router, rnd))
+        cold = not any(r == router for r, _ in calls[:-1])
+        return _Run(rnd, {"effective_tput": 1.0 if cold else 100.0, "ttft_p50_s": 9.0 if cold else 0.2,
+                          "ttft_p99_s": 1.0, "raw_tput": 1.0, "stall_s": 0.0, "per_replica_streams": [1, 1],
+                          "complete": cfg.streams, "round": rnd})
+
+    monkeypatch.setattr(rb, "_run_once", run_once)
+    monkeypatch.setattr(app, "deploy", lambda sc: None)
+    monkeypatch.setattr(app, "undeploy", lambda sc: None)
+    monkeypatch.setattr(central, "get_central", lambda settings: None)
+    monkeypatch.setattr(local, "local_serve", lambda num_cpus: contextlib.nullcontext("http://127.0.0.1:1"))
+    report, runs = rb.run_routing_bench(RoutingBenchConfig(rounds=3, warm_rounds=2))
+    assert calls == [("slack", -2), ("default", -2), ("default", -1), ("slack", -1),
+                     ("slack", 0), ("default", 0), ("default", 1), ("slack", 1), ("slack", 2), ("default", 2)]
+    assert report["order"] == ["slack", "default", "default", "slack", "slack", "default"]
+    for name in ("slack", "default"):
+        r = report["routers"][name]
+        assert [x["round"] for x in r["rounds"]] == [0, 1, 2] and [len(runs[name])] == [3]
+        assert (r["effective_tput"], r["ttft_p50_s"]) == (100.0, 0.2)  # the cold burst is not in the median
+        assert [w["round"] for w in r["warm_rounds"]] == [-2, -1] and r["warm_rounds"][0]["ttft_p50_s"] == 9.0
+    assert report["workload"]["warm_rounds"] == 2

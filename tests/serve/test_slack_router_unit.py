@@ -165,7 +165,7 @@ def test_the_router_switch_is_validated_and_wired_into_the_deployment():
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--router", "nope"])
     bench = parser.parse_args(["bench", "routing", "--streams", "8", "--rounds", "3", "--json", "x.json"])
-    assert (bench.streams, bench.rounds, bench.routers) == (8, 3, ("slack", "default"))
+    assert (bench.streams, bench.rounds, bench.warm_rounds, bench.routers) == (8, 3, 1, ("slack", "default"))
 
 
 @dataclass

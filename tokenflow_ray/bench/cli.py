@@ -200,7 +200,8 @@ def _routing(args: argparse.Namespace) -> int:
     from tokenflow_ray.bench.routing_bench import RoutingBenchConfig, print_table, run_routing_bench
 
     cfg = RoutingBenchConfig(streams=args.streams, max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
-                             replicas=args.replicas, rounds=args.rounds, seed=args.seed, routers=args.routers,
+                             replicas=args.replicas, rounds=args.rounds, warm_rounds=args.warm_rounds,
+                             seed=args.seed, routers=args.routers,
                              cpus_per_replica=args.cpus_per_replica, pin_cpus=args.pin_cpus, timeout_s=args.timeout,
                              long_prompt_share=args.long_prompt_share, long_prompt_tokens=args.long_prompt_tokens)
     report, runs = run_routing_bench(cfg)
@@ -302,6 +303,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--burst-s", type=float, default=2.0, help="arrivals spread over this long")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per router; medians reported")
+    p.add_argument("--warm-rounds", type=int, default=1,
+                   help="unmeasured bursts per router first (kept apart in the JSON): no router takes the cold start")
     p.add_argument("--routers", type=_name_list, default=("slack", "default"))
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
     p.add_argument("--pin-cpus", action="store_true",

@@ -46,6 +46,10 @@ class RoutingBenchConfig:
     burst_s: float = 2.0  # arrivals spread uniformly (seeded) over this long
     replicas: int = 2
     rounds: int = 3
+    # Unmeasured bursts per router before the measured rounds (kept in the JSON apart). Without them the router
+    # that goes first also takes the session's cold start: its first round read a TTFT p50 of 1.5 s against
+    # 0.5-1.0 s in its later ones, and one such round moves a 5-round median.
+    warm_rounds: int = 1
     seed: int = 0
     routers: tuple[str, ...] = ("slack", "default")
     cpus_per_replica: float = 1.0
@@ -63,6 +67,8 @@ class RoutingBenchConfig:
     def __post_init__(self) -> None:
         if min(self.streams, self.max_tokens, self.replicas, self.rounds) <= 0 or self.rate <= 0:
             raise ValueError("streams, max_tokens, replicas, rounds and rate must be positive")
+        if isinstance(self.warm_rounds, bool) or not isinstance(self.warm_rounds, int) or self.warm_rounds < 0:
+            raise ValueError(f"warm_rounds: must be an int >= 0, got {self.warm_rounds!r}")
         if not 0.0 <= self.long_prompt_share <= 1.0:
             raise ValueError(f"long_prompt_share: must be in [0, 1], got {self.long_prompt_share!r}")
         if isinstance(self.long_prompt_tokens, bool) or not isinstance(self.long_prompt_tokens, int) \
@@ -217,6 +223,7 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
     configs = {r: cfg.serve_config(r) for r in cfg.routers}
     cpus = max(2, int(round(cfg.replicas * cfg.cpus_per_replica * len(cfg.routers) + 0.5)))
     runs: dict[str, list[RoutingRun]] = {r: [] for r in cfg.routers}
+    warm: dict[str, list[RoutingRun]] = {r: [] for r in cfg.routers}
     order: list[str] = []
     with local_serve(num_cpus=cpus) as base_url:
         try:
@@ -224,16 +231,19 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
                 deploy(sc)
             centrals = {r: get_central(CentralSettings(central_name(sc.app_name), sc.central_namespace))
                         for r, sc in configs.items()}
-            for rnd in range(cfg.rounds):
+            for rnd in range(-cfg.warm_rounds, cfg.rounds):  # negative rounds: the unmeasured warm-up bursts
                 for router in (cfg.routers if rnd % 2 == 0 else tuple(reversed(cfg.routers))):
-                    order.append(router)
                     url = f"{base_url}{configs[router].route_prefix}"
-                    runs[router].append(_run_once(url, cfg, router, rnd, centrals[router]))
+                    run = _run_once(url, cfg, router, rnd, centrals[router])
+                    if rnd >= 0:
+                        order.append(router)
+                    (runs if rnd >= 0 else warm)[router].append(run)
         finally:
             for sc in configs.values():
                 undeploy(sc)
     report = {"workload": {**asdict(cfg), "routers": list(cfg.routers), **cfg.prompt_mix()}, "order": order,
-              "routers": {r: _median_summary(rs) for r, rs in runs.items()},
+              "routers": {r: {**_median_summary(rs), "warm_rounds": [w.summary() for w in warm[r]]}
+                          for r, rs in runs.items()},
               "wall_s": time.monotonic() - started}
     return report, runs
 
@@ -241,7 +251,7 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
 def print_table(report: dict) -> None:
     w = report["workload"]
     print(f"{w['streams']} streams over {w['replicas']} replicas ({w['long_streams']} with long prompts of "
-          f"~{w['long_prompt_tokens']} tokens), median of {w['rounds']} rounds")
+          f"~{w['long_prompt_tokens']} tokens), median of {w['rounds']} rounds after {w['warm_rounds']} unmeasured")
     print(f"{'router':>8} {'eff tok/s':>10} {'raw tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'stall s':>8}  "
           "per replica")
     for name, r in report["routers"].items():
