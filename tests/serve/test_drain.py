@@ -23,7 +23,10 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfdrain"
-STREAMS, MAX_TOKENS = 8, 1000  # they run ~30 s, past the scale-down (~7 s after both replicas hold streams)
+# Long enough to outlast the scale-down (~7 s after both replicas hold streams) by seconds: on an idle box the
+# policy runs them well ahead of their 20 tok/s readers, and at 1000 tokens a clean-clone run's moved streams ended
+# 0.9 s after the victim was gone. 1600 (of the model's 2048 positions) fill 808 of the survivor's 1024 blocks.
+STREAMS, MAX_TOKENS = 8, 1600
 
 
 def _config():
