@@ -19,11 +19,12 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
                   headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
 
 The booked prompts are priced at one rate on every replica so that a burst's own streams raise the price of
-where they went: with them only counted between tied scores, a CI run's burst of 8 went 8/0 over two equal
-replicas whose scores stood more than the tolerance apart (a learned cost read 2x its twin's on a shared box, or a
-snapshot from the last burst's start), and nothing in the score grew with the bookings. At each replica's own
-rate, that rate's noise would be multiplied by the count. Departures count too: once the ledger has seen every
-stream a snapshot shows live end, its queue, its readers' least buffer and its waiting prompts' blocks are gone.
+where they went: with them only counted between tied scores, two equal replicas whose scores stand more than the
+tolerance apart (twins' learned costs drifted apart on a shared box, or a snapshot from the last burst's start)
+take a whole burst on one, as a CI run's 8/0 did, since nothing in the score grew with the bookings. At each
+replica's own rate, that rate's noise would be multiplied by the count. Departures count too: once the ledger has
+seen every stream a snapshot shows live end, its queue, its readers' least buffer and its waiting prompts' blocks
+are gone.
 
 Scores within `ttft_tolerance_s` of the best remaining one count as equal: each replica's cost model is learned
 from its own noisy steps (a shared CPU, a GPU's clocks), and letting a few milliseconds of estimate decide would
