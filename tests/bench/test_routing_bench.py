@@ -99,7 +99,7 @@ def test_warm_rounds_run_first_in_turn_and_stay_out_of_the_medians(monkeypatch):
     assert report["order"] == ["slack", "default", "default", "slack", "slack", "default"]
     for name in ("slack", "default"):
         r = report["routers"][name]
-        assert [x["round"] for x in r["rounds"]] == [0, 1, 2] and [len(runs[name])] == [3]
+        assert [x["round"] for x in r["rounds"]] == [0, 1, 2] and len(runs[name]) == 3
         assert (r["effective_tput"], r["ttft_p50_s"]) == (100.0, 0.2)  # the cold burst is not in the median
         assert [w["round"] for w in r["warm_rounds"]] == [-2, -1] and r["warm_rounds"][0]["ttft_p50_s"] == 9.0
     assert report["workload"]["warm_rounds"] == 2

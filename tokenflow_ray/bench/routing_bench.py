@@ -234,10 +234,10 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
             for rnd in range(-cfg.warm_rounds, cfg.rounds):  # negative rounds: the unmeasured warm-up bursts
                 for router in (cfg.routers if rnd % 2 == 0 else tuple(reversed(cfg.routers))):
                     url = f"{base_url}{configs[router].route_prefix}"
-                    run = _run_once(url, cfg, router, rnd, centrals[router])
-                    if rnd >= 0:
+                    measured = rnd >= 0
+                    (runs if measured else warm)[router].append(_run_once(url, cfg, router, rnd, centrals[router]))
+                    if measured:
                         order.append(router)
-                    (runs if rnd >= 0 else warm)[router].append(run)
         finally:
             for sc in configs.values():
                 undeploy(sc)
