@@ -37,6 +37,43 @@ def test_departures_subtract_until_the_finished_total_shows_them():
     assert ledger.state_of("q0") is None and (ledger.load("a").count, ledger.load("a").departed) == (0, 0)
 
 
+def test_finishes_the_stats_show_before_the_router_hears_of_them_are_not_counted_twice():
+    """The engine retires a stream before its response ends, so a snapshot often counts a finish first. That
+    completion must not then subtract again from stats that no longer count the stream: for ttl_s the replica
+    would read lighter than it is and draw the next burst."""
+    ledger = InflightLedger()
+    ledger.observe("a", 0, 0)
+    for i in range(4):
+        ledger.book(f"q{i}", "a", 0.0, 8.0, 4)
+    ledger.observe("a", 4, 0)  # all four live there
+    ledger.observe("a", 4, 3)  # three finished, none heard of yet
+    assert ledger.load("a").count == 0
+    for i in range(3):
+        ledger.complete(f"q{i}", 1.0)
+        assert ledger.state_of(f"q{i}") is None
+        assert (ledger.load("a").count, ledger.load("a").departed) == (0, 0)
+    ledger.complete("q3", 1.1)  # no finish counted for it yet: a departure until the stats show one
+    assert (ledger.load("a").count, ledger.load("a").rate, ledger.load("a").departed) == (-1, -8.0, 1)
+    ledger.observe("a", 4, 4)
+    assert len(ledger) == 0 and ledger.load("a").count == 0
+
+
+def test_finishes_beyond_our_live_streams_are_another_routers():
+    ledger = InflightLedger()
+    ledger.observe("a", 0, 0)
+    ledger.book("q0", "a", 0.0, 8.0, 4)
+    ledger.book("q1", "a", 0.0, 8.0, 4)
+    ledger.observe("a", 2, 0)
+    ledger.complete("q0", 1.0)  # heard of before the stats count it
+    ledger.observe("a", 12, 10)  # ten finishes: q0, and nine not ours (at most q1 among them)
+    assert ledger.state_of("q0") is None and ledger.state_of("q1") == "absorbed"
+    ledger.book("q2", "a", 2.0, 8.0, 4)
+    ledger.observe("a", 13, 10)
+    ledger.complete("q1", 3.0)  # one unheard finish may be q1's: retired at once
+    ledger.complete("q2", 3.0)  # the other unheard ones were not ours: q2 departs
+    assert (ledger.state_of("q1"), ledger.state_of("q2")) == (None, "departed")
+
+
 def test_the_first_snapshot_keeps_the_bookings_it_may_or_may_not_include():
     ledger = InflightLedger()
     ledger.book("q", "a", 0.0, 0.0, 4)

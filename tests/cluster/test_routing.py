@@ -17,6 +17,7 @@ from tokenflow_ray.cluster.routing import (
     prompt_tokens_estimate,
     rank_replicas,
     score_replica,
+    unserved_share,
 )
 
 CFG = SlackRouterConfig()
@@ -356,6 +357,38 @@ def test_a_burst_on_measured_twins_whose_estimates_drifted_apart_is_split():
     # Spread past the starting window each arrival finds the earlier ones started, and the twin measured faster
     # takes them until its demand's share of Γ closes the gap (bookings still starting describe a burst only).
     assert burst(0.2)["a"] >= 7
+
+
+def test_the_overload_term_prices_the_newcomers_unserved_share():
+    """0 while the stream fits under Γ, its unfitted part's share across Γ, 1 on a replica already over Γ; an
+    unpaced stream (rate 0) the replica's per-reader share of the shortfall."""
+    assert unserved_share(400.0, 50.0, 500.0) == 0.0
+    assert unserved_share(480.0, 40.0, 500.0) == pytest.approx(0.5)
+    assert unserved_share(600.0, 40.0, 500.0) == 1.0
+    assert unserved_share(600.0, 0.0, 500.0) == pytest.approx(100.0 / 600.0)
+    assert unserved_share(0.0, 0.0, 500.0) == 0.0
+    over = score_replica("a", stats(sum_rate=600.0, num_live=20, num_running=20), InflightLoad(), NEW, CFG)
+    fits = score_replica("b", stats(sum_rate=400.0, num_live=20, num_running=20), InflightLoad(), NEW, CFG)
+    # Over Γ the utilisation term stops growing (capped at a full Γ): the overload term speaks there.
+    assert over.score_s - fits.score_s == pytest.approx(CFG.overload_horizon_s + CFG.utilisation_weight_s * (1 - 410 / 500))
+
+
+def test_twins_both_over_capacity_split_a_burst_by_count_whatever_their_capacity_estimates():
+    """In an overload (`tokenflow bench routing`: Σ 1920 tok/s asked of about 1400 delivered) a newcomer's rate is
+    all shortfall on either twin. Priced as each replica's per-reader starvation (D − Γ)/D, the split equalised D/Γ:
+    here 0/8 (and the utilisation term growing past Γ alone: 2/6)."""
+    a = stats(sum_rate=1000.0, num_running=20, num_live=20, capacity_tok_s=600.0)
+    b = stats(sum_rate=1000.0, num_running=20, num_live=20, capacity_tok_s=900.0)
+    new = NewStream(rate=30.0, prompt_tokens=32)
+    ledger = InflightLedger()
+    for i in range(8):
+        now = 100.0 + 0.2 * i  # past the starting window: streams ahead do not decide, live streams do
+        order = rank_replicas({"a": a, "b": b}, {r: ledger.load(r) for r in "ab"}, new, CFG, now)
+        ledger.book(f"q{i}", order[0], now, new.rate, new.prompt_tokens)
+    assert Counter(ledger.replica_of(f"q{i}") for i in range(8)) == {"a": 4, "b": 4}
+    # Where one twin still has room, it takes the stream.
+    roomy = dataclasses.replace(b, sum_rate=800.0)
+    assert rank_replicas({"a": a, "b": roomy}, {}, new, CFG, 100.0) == ["b", "a"]
 
 
 def test_prompt_estimates_and_their_knob():

@@ -94,7 +94,9 @@ async def test_a_replica_whose_streams_just_ended_is_not_shunned_on_stale_stats(
     sent 6 of the next 8 streams to its twin. The completions the router saw make up for the stale stats."""
     router = _router()
     replicas = _replicas(2)
-    await _route(router, replicas, _pending(0))  # first stats seen: the baselines
+    first = _pending(0)
+    assert await _route(router, replicas, first) == "r0"  # first stats seen: the baselines
+    router.on_request_routed(first, ReplicaID("r0", DEP), None)
     for i in range(1, 9):  # a burst, spread 4/4, each accepted
         pr = _pending(i)
         rid = await _route(router, replicas, pr)

@@ -11,7 +11,11 @@ picks a replica; the ledger tracks it through three states per replica:
 
 Reconciliation is by count, not by clock. Each snapshot carries the replica's `admitted_total` and
 `finished_total` (streams ever added to / retired from its engine); when the first grows by Δ, the Δ oldest pending
-bookings are absorbed; when the second grows by Δ, the Δ oldest departed ones are forgotten. A request that
+bookings are absorbed; when the second grows by Δ, the Δ oldest departed ones are forgotten, and what is left of Δ
+(the engine retires a stream before its response ends, so a snapshot often shows a finish before the router hears
+of it) retires the next completions at once, up to the count of absorbed streams. Kept only as departures, those
+finishes would have counted twice, and for ttl_s a replica read 7-8 streams lighter than it was: between bursts
+of `tokenflow bench routing` that sent the next burst 36/30 and 40/24 its way. A request that
 completes while pending was rejected or never sent, unless the replica accepted it (`accepted`, Serve's
 on_request_routed): then it is marked done and, once absorbed, departs at once. With one router per replica set
 (one ingress replica) this is exact. With several, the others' arrivals and departures retire ours early, so the
@@ -62,6 +66,9 @@ class _Replica:
     departed: OrderedDict[str, Booking]
     admitted: int | None = None  # totals in the last snapshot seen
     finished: int | None = None
+    # Finishes the stats counted before this router heard of them (on_request_completed): the engine retires a
+    # stream before its response ends, so a snapshot often shows it gone first. The next completions are theirs.
+    finished_unheard: int = 0
     last_booked_at: float = float("-inf")
 
 
@@ -116,7 +123,12 @@ class InflightLedger:
             else:
                 self._pop(request_id)  # rejected or never sent: the replica never counts it
         elif request_id in r.absorbed:
-            r.departed[request_id] = replace(r.absorbed.pop(request_id), departed_at=now)
+            b = r.absorbed.pop(request_id)
+            if r.finished_unheard > 0:  # the stats already count it finished
+                r.finished_unheard -= 1
+                del self._where[request_id]
+            else:
+                r.departed[request_id] = replace(b, departed_at=now)
 
     # ---- replica stats ----------------------------------------------------------------------------------------
     def observe(self, replica_id: str, admitted_total: int, finished_total: int) -> None:
@@ -130,9 +142,13 @@ class InflightLedger:
         for _ in range(min(max(0, admitted_total - r.admitted), len(r.pending))):
             rid, b = r.pending.popitem(last=False)
             (r.departed if b.done else r.absorbed)[rid] = b
-        for _ in range(min(max(0, finished_total - r.finished), len(r.departed))):
+        unheard = r.finished_unheard + max(0, finished_total - r.finished)
+        while unheard and r.departed:
             rid, _b = r.departed.popitem(last=False)
             del self._where[rid]
+            unheard -= 1
+        # Finishes beyond the streams of ours still live there are not ours (another router's, or unbooked).
+        r.finished_unheard = min(unheard, len(r.absorbed))
         # An older snapshot delivered late leaves the baselines where they are.
         r.admitted, r.finished = max(r.admitted, admitted_total), max(r.finished, finished_total)
 

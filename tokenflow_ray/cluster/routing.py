@@ -10,13 +10,14 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
                   below its buffer slack" costs when it cannot be avoided)
-    overload    = overload_horizon_s × (D − Γ)/D when the demand D = Σ rate (working set + waiting in the stats,
-                  plus booked, less departed since them (inflight.py), plus this stream) exceeds the decode
-                  capacity Γ: the share of time every reader there would starve
+    overload    = overload_horizon_s × the share of this stream's rate r that goes unserved there: the rise in
+                  the replica's shortfall (D + r − Γ)⁺ − (D − Γ)⁺ over r, where D = Σ rate (working set + waiting
+                  in the stats, plus booked, less departed since them (inflight.py)) and Γ the decode capacity.
+                  0 while it fits, 1 on a replica already over Γ (see `unserved_share`)
     memory      = memory_penalty_s when the free device blocks, less what waiting and booked streams need, do not
                   hold this stream's prompt: someone must be paused (or the stream waits) before it starts
-    utilisation = utilisation_weight_s × D/Γ: between replicas that can all start it at once, the one with more
-                  headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
+    utilisation = utilisation_weight_s × min(1, D/Γ): between replicas that can all start it at once, the one with
+                  more headroom (Γ − D) left takes it, so later, faster readers still fit somewhere
 
 The booked prompts are priced at one rate on every replica so that a burst's own streams raise the price of
 where they went: with them only counted between tied scores, two equal replicas whose scores stand more than the
@@ -161,19 +162,33 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
     wait += per_token * sum(starting)  # their prompts are prefilled with or before this one's (chunked together)
     ttft = stats.decode_step_s + wait + stats.prefill_s(new.prompt_tokens)
     stall = 0.0 if stats.min_buffer_s is None or ended else max(0.0, ttft - stats.min_buffer_s)
-    demand = max(0.0, stats.demand_rate + inflight.rate) + new.rate  # departures can undercut stale stats
+    before = max(0.0, stats.demand_rate + inflight.rate)  # departures can undercut stale stats
+    demand = before + new.rate
     capacity = stats.capacity_tok_s
-    overload = 0.0
-    if demand > capacity:
-        overload = cfg.overload_horizon_s * (demand - capacity) / demand
+    overload = cfg.overload_horizon_s * unserved_share(before, new.rate, capacity)
     free = (stats.device_blocks_free - (0 if ended else stats.waiting_prompt_blocks)
             - sum(stats.blocks_for(n) for n in inflight.prompt_tokens))
     memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
-    utilisation = cfg.utilisation_weight_s * used
+    utilisation = cfg.utilisation_weight_s * min(1.0, used)  # past Γ the overload term speaks
     return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead,
                         max(0, stats.num_live + inflight.count), demand, capacity - demand, used, free,
                         free / max(1, stats.device_blocks_total), inflight.last_booked_at)
+
+
+def unserved_share(demand: float, rate: float, capacity: float) -> float:
+    """The share of a new reader's `rate` the cluster no longer serves if it joins a replica with `demand` on
+    `capacity` Γ: the rise in the replica's shortfall (D − Γ)⁺, over the rate. 0 while it still fits, 1 on a replica
+    already over Γ, where the policy shares the shortfall among its readers and the newcomer's rate is all shortfall
+    whoever ends up reading less. So between replicas all over Γ it is the same wherever the stream goes, and the
+    other terms and the tie-breaks (starts soonest, fewest streams) decide, not Γ's estimate. Priced as each
+    replica's per-reader starvation (D − Γ)/D instead, it equalised D/Γ between overloaded twins: at 10 s a term,
+    a few percent of Γ estimate was worth more than any count, and traced bursts of `tokenflow bench routing
+    --pin-cpus` split their demand within 4% and their streams up to 37/29.
+    An unpaced reader (rate 0) takes its share of what is left: the replica's per-reader share (D − Γ)⁺/D."""
+    if rate <= 0:
+        return max(0.0, demand - capacity) / demand if demand > 0 else 0.0
+    return (max(0.0, demand + rate - capacity) - max(0.0, demand - capacity)) / rate
 
 
 def rank_replicas(stats: Mapping[str, ReplicaStats | None], inflight: Mapping[str, InflightLoad], new: NewStream,
