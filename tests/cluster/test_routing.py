@@ -370,7 +370,8 @@ def test_the_overload_term_prices_the_newcomers_unserved_share():
     over = score_replica("a", stats(sum_rate=600.0, num_live=20, num_running=20), InflightLoad(), NEW, CFG)
     fits = score_replica("b", stats(sum_rate=400.0, num_live=20, num_running=20), InflightLoad(), NEW, CFG)
     # Over Γ the utilisation term stops growing (capped at a full Γ): the overload term speaks there.
-    assert over.score_s - fits.score_s == pytest.approx(CFG.overload_horizon_s + CFG.utilisation_weight_s * (1 - 410 / 500))
+    expected = CFG.overload_horizon_s + CFG.utilisation_weight_s * (1 - 410 / 500)
+    assert over.score_s - fits.score_s == pytest.approx(expected)
 
 
 def test_twins_both_over_capacity_split_a_burst_by_count_whatever_their_capacity_estimates():
