@@ -14,8 +14,8 @@ Reconciliation is by count, not by clock. Each snapshot carries the replica's `a
 bookings are absorbed; when the second grows by Δ, the Δ oldest departed ones are forgotten, and what is left of Δ
 (the engine retires a stream before its response ends, so a snapshot often shows a finish before the router hears
 of it) retires the next completions at once, up to the count of absorbed streams. Kept only as departures, those
-finishes would have counted twice, and for ttl_s a replica read 7-8 streams lighter than it was: in a traced run
-of `tokenflow bench routing` that drew a whole burst 36/30 its way. A request that
+finishes would have counted twice, and for ttl_s a replica read up to 8 streams lighter than it was: through
+most of a traced burst of `tokenflow bench routing`, which sent it the early streams. A request that
 completes while pending was rejected or never sent, unless the replica accepted it (`accepted`, Serve's
 on_request_routed): then it is marked done and, once absorbed, departs at once. With one router per replica set
 (one ingress replica) this is exact. With several, the others' arrivals and departures retire ours early, so the

@@ -183,8 +183,8 @@ def unserved_share(demand: float, rate: float, capacity: float) -> float:
     whoever ends up reading less. So between replicas all over Γ it is the same wherever the stream goes, and the
     other terms and the tie-breaks (starts soonest, fewest streams) decide, not Γ's estimate. Priced as each
     replica's per-reader starvation (D − Γ)/D instead, it equalised D/Γ between overloaded twins: at 10 s a term,
-    a few percent of Γ estimate was worth more than any count, and traced bursts of `tokenflow bench routing
-    --pin-cpus` split their demand within 4% and their streams up to 37/29.
+    a few percent of Γ estimate was worth more than any count: a traced burst of `tokenflow bench routing
+    --pin-cpus` split its demand 990/1065 tok/s and its streams 37/29.
     An unpaced reader (rate 0) takes its share of what is left: the replica's per-reader share (D − Γ)⁺/D."""
     if rate <= 0:
         return max(0.0, demand - capacity) / demand if demand > 0 else 0.0
