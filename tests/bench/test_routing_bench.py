@@ -103,3 +103,7 @@ def test_warm_rounds_run_first_in_turn_and_stay_out_of_the_medians(monkeypatch):
         assert (r["effective_tput"], r["ttft_p50_s"]) == (100.0, 0.2)  # the cold burst is not in the median
         assert [w["round"] for w in r["warm_rounds"]] == [-2, -1] and r["warm_rounds"][0]["ttft_p50_s"] == 9.0
     assert report["workload"]["warm_rounds"] == 2
+    paired = report["paired"]  # slack against default, round by round: the measured rounds only
+    assert (paired["a"], paired["b"]) == ("slack", "default")
+    assert set(paired["metrics"]) == {"effective_tput", "ttft_p99_s", "ttft_p50_s", "raw_tput"}
+    assert paired["metrics"]["effective_tput"]["pairs"] == 3 and paired["metrics"]["ttft_p50_s"]["verdict"] == "tie"

@@ -4,7 +4,10 @@ default (power of two choices on queue length), compared.
 Fair by construction (cluster-notes §5.2): both apps are deployed side by side on the same Ray instance with the
 same replica count, engine config and stats period, so only the routing decision differs; the same burst (fixed
 seed, fixed schedule) runs against each in turn, the order alternating round by round, and each figure is the
-median over rounds, with every round kept in the JSON. The burst mixes reading rates (7x apart), prompt and output lengths:
+median over rounds, with every round kept in the JSON. With two routers the JSON's `paired` compares them round by
+round (bench/paired.py): each round's ratio, their geometric mean and its bootstrap interval, so a verdict says
+whether the difference clears the box's noise, which moved one router's 5-round median ahead in one run and behind
+in the next at the same settings. The burst mixes reading rates (7x apart), prompt and output lengths:
 a router that balances stream counts (Serve's) and one that balances demand against capacity and buffer slack
 (ours) only differ when streams differ.
 
@@ -31,6 +34,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from tokenflow_ray.bench.paired import compare_rounds
 from tokenflow_ray.client import LoadResult, StreamSpec, run_load
 from tokenflow_ray.serve.config import ROUTERS, ServeConfig
 
@@ -245,7 +249,19 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
               "routers": {r: {**_median_summary(rs), "warm_rounds": [w.summary() for w in warm[r]]}
                           for r, rs in runs.items()},
               "wall_s": time.monotonic() - started}
+    if len(cfg.routers) == 2 and cfg.rounds >= 2:
+        report["paired"] = paired_report(report, *cfg.routers)
     return report, runs
+
+
+# The figures a router is judged on, and which way is better.
+PAIRED_METRICS = {"effective_tput": True, "ttft_p99_s": False, "ttft_p50_s": False, "raw_tput": True}
+
+
+def paired_report(report: dict, a: str, b: str) -> dict:
+    """Router a against router b round by round (the rounds ran side by side): bench/paired.py."""
+    ratios = compare_rounds(report["routers"][a]["rounds"], report["routers"][b]["rounds"], PAIRED_METRICS)
+    return {"a": a, "b": b, "level": 0.95, "metrics": {k: v.to_dict() for k, v in ratios.items()}}
 
 
 def print_table(report: dict) -> None:
@@ -257,3 +273,10 @@ def print_table(report: dict) -> None:
     for name, r in report["routers"].items():
         print(f"{name:>8} {r['effective_tput']:>10.1f} {r['raw_tput']:>10.1f} {r['ttft_p50_s']:>9.3f} "
               f"{r['ttft_p99_s']:>9.3f} {r['stall_s']:>8.1f}  {r['per_replica_streams']}")
+    paired = report.get("paired")
+    if paired:
+        print(f"{paired['a']} / {paired['b']}, round by round: geometric mean of the ratios "
+              f"[{paired['level']:.0%} bootstrap interval], rounds {paired['a']} did better, verdict")
+        for name, m in paired["metrics"].items():
+            print(f"  {name:>14} {m['geo_mean']:.3f} [{m['low']:.3f}, {m['high']:.3f}]  "
+                  f"{m['wins']}/{m['pairs']} (sign test p {m['sign_p']:.3f})  {m['verdict']}")
