@@ -5,7 +5,8 @@ Why paired: on a shared 2-core box the same command's throughput moved 890-1450 
 router's median over 3-5 rounds came out ahead in one run and behind in the next at the same settings. A bench that
 alternates its arms round by round puts each pair side by side in time, so a pair's ratio cancels most of the
 box's drift, and the spread of those ratios is the noise a claim has to clear: "better" only when the whole interval
-is on the better side of 1.
+is on the better side of 1 and an exact sign test over the pairs agrees (the bootstrap alone is overconfident on a
+few pairs).
 
 Pure Python (no numpy): a few dozen rounds, a few thousand resamples.
 """
