@@ -44,7 +44,7 @@ def paired_ratio(metric: str, a: Sequence[float], b: Sequence[float], higher_is_
         raise ValueError(f"{metric}: {len(a)} rounds against {len(b)}: pairs need the same count")
     if not 0 < level < 1 or resamples < 1:
         raise ValueError("level must be in (0, 1) and resamples >= 1")
-    logs = [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
+    logs = _log_ratios(a, b)
     if len(logs) < 2:
         raise ValueError(f"{metric}: needs at least 2 pairs with values > 0, got {len(logs)}")
     rng = random.Random(seed)
@@ -59,13 +59,17 @@ def paired_ratio(metric: str, a: Sequence[float], b: Sequence[float], higher_is_
     p = sign_test(wins, losses)
     # The bootstrap alone is overconfident on a few pairs (3 pairs all one way give an interval clear of 1), so a
     # verdict needs the sign test too: 5 of 5 is p = 0.0625, not enough at 95%.
+    above, below = low > 1, high < 1  # the whole interval on one side of 1
     verdict = "tie"
-    if p < 1 - level and sign * math.log(low) > 0 and sign * math.log(high) > 0:
-        verdict = "better"
-    elif p < 1 - level and sign * math.log(low) < 0 and sign * math.log(high) < 0:
-        verdict = "worse"
+    if p < 1 - level and (above or below):
+        verdict = "better" if above == higher_is_better else "worse"
     return PairedRatio(metric, higher_is_better, n, math.exp(statistics.fmean(logs)), low, high, wins, losses, p,
                        verdict)
+
+
+def _log_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """log(a[i] / b[i]) for each pair where both are > 0."""
+    return [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -86,6 +90,6 @@ def compare_rounds(a_rounds: Sequence[dict], b_rounds: Sequence[dict], metrics: 
     out = {}
     for name, higher in metrics.items():
         a, b = [r[name] for r in a_rounds], [r[name] for r in b_rounds]
-        if sum(1 for x, y in zip(a, b) if x > 0 and y > 0) >= 2:
+        if len(_log_ratios(a, b)) >= 2:
             out[name] = paired_ratio(name, a, b, higher, level)
     return out

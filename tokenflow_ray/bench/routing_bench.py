@@ -256,12 +256,14 @@ def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[Rou
 
 # The figures a router is judged on, and which way is better.
 PAIRED_METRICS = {"effective_tput": True, "ttft_p99_s": False, "ttft_p50_s": False, "raw_tput": True}
+PAIRED_LEVEL = 0.95
 
 
 def paired_report(report: dict, a: str, b: str) -> dict:
     """Router a against router b round by round (the rounds ran side by side): bench/paired.py."""
-    ratios = compare_rounds(report["routers"][a]["rounds"], report["routers"][b]["rounds"], PAIRED_METRICS)
-    return {"a": a, "b": b, "level": 0.95, "metrics": {k: v.to_dict() for k, v in ratios.items()}}
+    ratios = compare_rounds(report["routers"][a]["rounds"], report["routers"][b]["rounds"], PAIRED_METRICS,
+                            PAIRED_LEVEL)
+    return {"a": a, "b": b, "level": PAIRED_LEVEL, "metrics": {k: v.to_dict() for k, v in ratios.items()}}
 
 
 def print_table(report: dict) -> None:
