@@ -12,6 +12,7 @@ from tokenflow_ray.cluster.replica_stats import ReplicaStats
 from tokenflow_ray.cluster.routing import (
     NewStream,
     SlackRouterConfig,
+    booked_queue,
     http_prompt_tokens,
     prefill_queue,
     prompt_tokens_estimate,
@@ -21,6 +22,7 @@ from tokenflow_ray.cluster.routing import (
 )
 
 CFG = SlackRouterConfig()
+OVERLOAD_ON = SlackRouterConfig(overload_horizon_s=10.0)  # the overload term is off by default
 NEW = NewStream(rate=10.0, prompt_tokens=32)
 
 
@@ -72,7 +74,9 @@ def test_memory_penalty_knob():
 def test_an_overloaded_replica_is_avoided_and_the_horizon_knob_prices_it():
     over = stats(sum_rate=480.0, waiting_rate=40.0, num_running=30, num_live=30)  # 530 tok/s of demand on Γ=500
     queued = stats(num_waiting=3, num_live=3, queued_prefill_s=0.06, waiting_prompt_blocks=6)
-    assert rank({"a": over, "b": queued}) == ["b", "a"]
+    assert rank({"a": over, "b": queued}, cfg=OVERLOAD_ON) == ["b", "a"]
+    assert CFG.overload_horizon_s == 0.0  # off by default: the queue behind b's three waiting prompts decides
+    assert rank({"a": over, "b": queued}) == ["a", "b"]
     no_horizon = SlackRouterConfig(overload_horizon_s=0.0, utilisation_weight_s=0.0)
     assert rank({"a": over, "b": queued}, cfg=no_horizon) == ["a", "b"]
 
@@ -155,6 +159,40 @@ def test_the_stats_queue_drains_with_time_and_bookings_count_ahead_while_startin
     # Drained work no longer delays the newcomer: the same estimate as an idle replica's.
     assert score_replica("a", s, InflightLoad(), NEW, CFG, now=101.0).ttft_s == \
         pytest.approx(score_replica("b", stats(), InflightLoad(), NEW, CFG).ttft_s)
+
+
+def test_booked_prompts_queue_one_behind_the_other_and_count_until_their_prefill_ends():
+    """Each booking reaches the replica `starting_s` after it was booked and is prefilled behind the one before."""
+    per_token = 1e-4  # a 1000-token prompt: 0.1 s of prefill
+    short, long_ = ((100.0, 20),), ((100.0, 1000),)
+    assert booked_queue(short, per_token, 0.1, 100.05) == (pytest.approx(0.002), 1)  # still on its way: all left
+    assert booked_queue(short, per_token, 0.1, 100.103) == (0.0, 0)  # about a starting window, as before
+    assert booked_queue(long_, per_token, 0.1, 100.15) == (pytest.approx(0.05), 1)  # half its prefill left
+    assert booked_queue(long_, per_token, 0.1, 100.21) == (0.0, 0)
+    # A short prompt booked just after a long one waits for it: it is still starting when the long one is done.
+    both = ((100.0, 1000), (100.01, 20))
+    left, count = booked_queue(both, per_token, 0.1, 100.15)
+    assert count == 2 and left == pytest.approx(0.05 + 0.002)
+    assert booked_queue(both, per_token, 0.1, 100.201) == (pytest.approx(0.001), 1)
+    assert booked_queue(both, per_token, 0.1, None) == (pytest.approx(0.102), 2)  # no clock: everything counts
+
+
+def test_a_short_prompt_avoids_the_twin_still_prefilling_a_long_one_booked_there():
+    """`tokenflow bench routing --long-prompt-share 0.15`: a 1024-token prompt held its replica's steps for about
+    0.15 s here; counted for a flat 0.1 s starting window, it no longer delayed the next arrivals there after that,
+    and the twins looked equal while one was still busy with it."""
+    a, b = stats(), stats(num_running=3, num_live=3, sum_rate=30.0)  # b: more streams, so only a's queue decides
+    long_booked = InflightLoad(1, 10.0, ((100.0, 1024),), 100.0)  # 0.32 s of prefill at the default price
+    short_booked = InflightLoad(1, 10.0, ((100.01, 40),), 100.01)
+    now = 100.25  # past the starting window of both
+    order = rank_replicas({"a": a, "b": b}, {"a": long_booked, "b": short_booked}, NEW, CFG, now)
+    assert order == ["b", "a"]
+    ahead = score_replica("a", a, long_booked, NEW, CFG, now)
+    assert ahead.ahead == 1 and ahead.ttft_s > score_replica("b", b, short_booked, NEW, CFG, now).ttft_s + 0.1
+    # Once its prefill is done, nothing is ahead there, and a, with fewer live streams, takes the next.
+    later = 100.0 + 0.1 + 1024 * a.prefill_s_per_token + 0.01
+    assert score_replica("a", a, long_booked, NEW, CFG, later).ahead == 0
+    assert rank_replicas({"a": a, "b": b}, {"a": long_booked, "b": short_booked}, NEW, CFG, later) == ["a", "b"]
 
 
 def test_a_stale_replica_is_not_shunned_for_bookings_a_fresh_one_has_absorbed():
@@ -367,14 +405,15 @@ def test_the_overload_term_prices_the_newcomers_unserved_share():
     assert unserved_share(600.0, 40.0, 500.0) == 1.0
     assert unserved_share(600.0, 0.0, 500.0) == pytest.approx(100.0 / 600.0)
     assert unserved_share(0.0, 0.0, 500.0) == 0.0
-    over = score_replica("a", stats(sum_rate=600.0, num_live=20, num_running=20), InflightLoad(), NEW, CFG)
-    fits = score_replica("b", stats(sum_rate=400.0, num_live=20, num_running=20), InflightLoad(), NEW, CFG)
+    over = score_replica("a", stats(sum_rate=600.0, num_live=20, num_running=20), InflightLoad(), NEW, OVERLOAD_ON)
+    fits = score_replica("b", stats(sum_rate=400.0, num_live=20, num_running=20), InflightLoad(), NEW, OVERLOAD_ON)
     # Over Γ the utilisation term stops growing (capped at a full Γ): the overload term speaks there.
-    expected = CFG.overload_horizon_s + CFG.utilisation_weight_s * (1 - 410 / 500)
+    expected = OVERLOAD_ON.overload_horizon_s + OVERLOAD_ON.utilisation_weight_s * (1 - 410 / 500)
     assert over.score_s - fits.score_s == pytest.approx(expected)
 
 
-def test_twins_both_over_capacity_split_a_burst_by_count_whatever_their_capacity_estimates():
+@pytest.mark.parametrize("cfg", [CFG, OVERLOAD_ON], ids=["default", "overload_on"])
+def test_twins_both_over_capacity_split_a_burst_by_count_whatever_their_capacity_estimates(cfg):
     """In an overload (`tokenflow bench routing`: Σ 1920 tok/s asked of about 1400 delivered) a newcomer's rate is
     all shortfall on either twin. Priced as each replica's per-reader starvation (D − Γ)/D, the split equalised D/Γ:
     here 0/8 (and the utilisation term growing past Γ alone: 2/6)."""
@@ -384,12 +423,12 @@ def test_twins_both_over_capacity_split_a_burst_by_count_whatever_their_capacity
     ledger = InflightLedger()
     for i in range(8):
         now = 100.0 + 0.2 * i  # past the starting window: streams ahead do not decide, live streams do
-        order = rank_replicas({"a": a, "b": b}, {r: ledger.load(r) for r in "ab"}, new, CFG, now)
+        order = rank_replicas({"a": a, "b": b}, {r: ledger.load(r) for r in "ab"}, new, cfg, now)
         ledger.book(f"q{i}", order[0], now, new.rate, new.prompt_tokens)
     assert Counter(ledger.replica_of(f"q{i}") for i in range(8)) == {"a": 4, "b": 4}
-    # Where one twin still has room, it takes the stream.
+    # Where one twin still has room, it takes the stream (the overload term, or the lower demand between ties).
     roomy = dataclasses.replace(b, sum_rate=800.0)
-    assert rank_replicas({"a": a, "b": roomy}, {}, new, CFG, 100.0) == ["b", "a"]
+    assert rank_replicas({"a": a, "b": roomy}, {}, new, cfg, 100.0) == ["b", "a"]
 
 
 def test_prompt_estimates_and_their_knob():

@@ -4,16 +4,19 @@ Every replica is priced in seconds, so the terms add up and heterogeneous replic
 
     score = ttft + slack_stall + overload + memory + utilisation
     ttft        = the step in progress at the replica's running batch + what is left of the prefill queued there
-                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + the prompts
-                  of streams this router booked there that are still starting (within `starting_s`), at the
-                  cheapest replica's per-token cost + this stream's own prefill (the replica's cost model)
+                  at its last stats (drained by the time since: stats are 0.3-1.5 s old when read) + what is left
+                  of the prompts of streams this router booked there that are still starting (each reaches the
+                  replica `starting_s` after booking and is prefilled behind the one before: `booked_queue`), at
+                  the cheapest replica's per-token cost + this stream's own prefill (the replica's cost model)
     slack_stall = max(0, ttft − min_buffer_s): that prefill work delays the replica's decodes; its least-buffered
                   running reader stalls for whatever the buffer does not cover (what "without pushing a stream
                   below its buffer slack" costs when it cannot be avoided)
     overload    = overload_horizon_s × the share of this stream's rate r that goes unserved there: the rise in
                   the replica's shortfall (D + r − Γ)⁺ − (D − Γ)⁺ over r, where D = Σ rate (working set + waiting
                   in the stats, plus booked, less departed since them (inflight.py)) and Γ the decode capacity.
-                  0 while it fits, 1 on a replica already over Γ (see `unserved_share`)
+                  0 while it fits, 1 on a replica already over Γ (see `unserved_share`). Off by default (see
+                  `SlackRouterConfig.overload_horizon_s`): demand still counts through the utilisation term and,
+                  between tied scores, after the counts
     memory      = memory_penalty_s when the free device blocks, less what waiting and booked streams need, do not
                   hold this stream's prompt: someone must be paused (or the stream waits) before it starts
     utilisation = utilisation_weight_s × min(1, D/Γ): between replicas that can all start it at once, the one with
@@ -31,20 +34,20 @@ Scores within `ttft_tolerance_s` of the best remaining one count as equal: each 
 from its own noisy steps (a shared CPU, a GPU's clocks), and letting a few milliseconds of estimate decide would
 send every stream to whichever replica happens to look fastest while both can start it at once. Equal replicas go
 first to the one with fewer streams ahead of this one: those its stats showed waiting and not yet started by now,
-and those this router booked there within `starting_s` (still in the proxy, the replica's HTTP handler or its
-prefill). That count is no estimate, and the router's own bookings are the one load signal as fresh for every
-replica: priced from each replica's stats instead, a burst herded onto whichever replica's stats had just been
-refreshed (its bookings absorbed, the other's still modelled with an idle replica's prior costs: 7 in a row there),
-and its first tokens queued. Then fewer live streams (the stats' count, with bookings and departures since):
-each holds blocks that grow and shares every step and the replica's CPU, and balancing demand first left 35/29
-splits whose fuller replica had the slowest first tokens (`tokenflow bench routing`: P99 TTFT 0.25 against
-default's 0.21 s; fewer streams first, 0.18 against 0.24). Then the lower demand D (booked streams and this one
-included), then the larger free share of the device pool, then the one this router sent a stream to least
+and those this router booked there that are still starting (in the proxy, the replica's HTTP handler or their
+prefill: `booked_queue`). That count is no estimate, and the router's own bookings are the one load signal as
+fresh for every replica: priced from each replica's stats instead, a burst herded onto whichever replica's stats
+had just been refreshed (its bookings absorbed, the other's still modelled with an idle replica's prior costs: 7
+in a row there), and its first tokens queued. Then fewer live streams (the stats' count, with bookings and
+departures since): each holds blocks that grow and shares every step and the replica's CPU, and balancing demand
+first left 35/29 splits whose fuller replica had the slowest first tokens (`tokenflow bench routing`: P99 TTFT
+0.25 against default's 0.21 s; fewer streams first, 0.18 against 0.24). Then the lower demand D (booked streams
+and this one included), then the larger free share of the device pool, then the one this router sent a stream to least
 recently (idle replicas take turns rather than all light load landing on one), then the smaller replica id:
 deterministic. Counts and demand, not headroom Γ − D nor D/Γ: Γ is an estimate too, and two identical replicas'
 estimates were seen 2.5x apart (675 vs 1738 tok/s, one of them stale), which would hand one replica 6 of 8
-identical streams; capacity differences still count through the score's utilisation term and, near Γ, the
-overload term.
+identical streams; capacity differences still count through the score's utilisation term (and, where it is
+turned on, the overload term).
 
 A replica whose cost model has learned from fewer than `min_prefill_samples` steps with prefill (0: started, or
 never sent a stream) is priced as the better of its own costs and the cheapest measured replica's, cost by cost
@@ -74,7 +77,12 @@ from tokenflow_ray.cluster.replica_stats import ReplicaStats
 
 @dataclass(frozen=True)
 class SlackRouterConfig:
-    overload_horizon_s: float = 10.0  # seconds of starvation an overload is priced over
+    # Seconds of starvation a newcomer's unserved share is priced over; 0 (the default): the term is off. At 10 it
+    # changed no decision of the simulator's (4x H200, 2x H200 + 2x A6000, setups a and d: identical runs with 0),
+    # and on the real box it cost first tokens: near Γ its 0-or-1 flips with the ±20% noise of two twins' Γ
+    # estimates and outweighs any TTFT difference (`tokenflow bench routing`, 20 paired rounds: P99 TTFT 1.17x and
+    # 1.27x the default's with it, ties without). Set it where Γ is estimated reliably and replicas differ.
+    overload_horizon_s: float = 0.0
     memory_penalty_s: float = 1.0  # price of a replica that must pause someone (or wait) to fit the prompt
     utilisation_weight_s: float = 0.1  # price of a fully used Γ, between otherwise equal replicas
     ttft_tolerance_s: float = 0.05  # scores this close are equal; streams ahead, live streams, demand decide
@@ -83,9 +91,10 @@ class SlackRouterConfig:
     # a long chunk), and it is priced as the better of them and the cheapest measured replica's. 0: every replica's
     # costs as it reports them, its prior's included.
     min_prefill_samples: int = 8
-    # A stream booked this recently is taken to be still starting (in the proxy, the replica's HTTP handler or its
-    # prefill): ahead of a newcomer there. About the first-token latency of an idle replica over HTTP here
-    # (0.04-0.07 s); the router's own bookings are the one load signal fresh for every replica alike.
+    # A booked stream reaches its replica this long after booking (the proxy, the replica's HTTP handler), then
+    # its prefill queues behind the bookings before it (`booked_queue`): until that ends it is still starting, ahead
+    # of a newcomer there. About the first-token latency of an idle replica over HTTP here (0.04-0.07 s); the
+    # router's own bookings are the one load signal fresh for every replica alike.
     starting_s: float = 0.1
     inflight_ttl_s: float = 5.0  # a booking the stats never confirm is dropped after this long
     default_rate: float = 0.0  # rate of a request that declares none (the server's default_rate)
@@ -156,10 +165,10 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
     # snapshot from the last burst's start would price a reader that has long left as about to stall.
     ended = stats.num_live > 0 and inflight.departed >= stats.num_live
     wait, ahead = (0.0, 0) if ended else prefill_queue(stats, stats.computed_at if now is None else now)
-    starting = [n for booked_at, n in inflight.pending if now is None or now - booked_at < cfg.starting_s]
-    ahead += len(starting)
     per_token = stats.prefill_s_per_token if booked_s_per_token is None else booked_s_per_token
-    wait += per_token * sum(starting)  # their prompts are prefilled with or before this one's (chunked together)
+    booked_wait, starting = booked_queue(inflight.pending, per_token, cfg.starting_s, now)
+    ahead += starting
+    wait += booked_wait  # their prompts are prefilled with or before this one's (chunked together)
     ttft = stats.decode_step_s + wait + stats.prefill_s(new.prompt_tokens)
     stall = 0.0 if stats.min_buffer_s is None or ended else max(0.0, ttft - stats.min_buffer_s)
     before = max(0.0, stats.demand_rate + inflight.rate)  # departures can undercut stale stats
@@ -170,10 +179,33 @@ def score_replica(replica_id: str, stats: ReplicaStats, inflight: InflightLoad, 
             - sum(stats.blocks_for(n) for n in inflight.prompt_tokens))
     memory = cfg.memory_penalty_s if free < stats.blocks_for(new.prompt_tokens) else 0.0
     used = demand / capacity  # ReplicaStats guarantees Γ > 0
-    utilisation = cfg.utilisation_weight_s * min(1.0, used)  # past Γ the overload term speaks
+    utilisation = cfg.utilisation_weight_s * min(1.0, used)  # past Γ only the overload term (if on) grows
     return ReplicaScore(replica_id, ttft + stall + overload + memory + utilisation, ttft, ahead,
                         max(0, stats.num_live + inflight.count), demand, capacity - demand, used, free,
                         free / max(1, stats.device_blocks_total), inflight.last_booked_at)
+
+
+def booked_queue(pending: tuple[tuple[float, int], ...], s_per_token: float, starting_s: float,
+                 now: float | None) -> tuple[float, int]:
+    """(seconds of the booked prompts' prefill left at `now`, how many of them are still starting) on one replica.
+
+    Bookings, oldest first, queue one behind the other: each reaches the replica `starting_s` after it was booked
+    (the proxy and the HTTP handler) and its prefill, `s_per_token` a token, starts when the one before it is done.
+    A booking is still starting until its prefill ends; the work left counts in full until its turn comes. A short
+    prompt's prefill is a millisecond or two, so it counts for about `starting_s`; a 1024-token one took 150 ms
+    alone here (two 512-token chunks), and with a flat `starting_s` window it stopped counting after a tenth of a
+    second while it held its replica's steps, so the next short prompts queued behind it. `now` None: no clock,
+    every booking still starting with all its work (the snapshot's own view)."""
+    if now is None:
+        return s_per_token * sum(n for _, n in pending), len(pending)
+    left, count, end = 0.0, 0, float("-inf")
+    for booked_at, n in pending:
+        work = s_per_token * n
+        end = max(end, booked_at + starting_s) + work
+        if end > now:
+            count += 1
+            left += min(work, end - now)
+    return left, count
 
 
 def unserved_share(demand: float, rate: float, capacity: float) -> float:
