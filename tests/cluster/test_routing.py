@@ -187,8 +187,8 @@ def test_a_short_prompt_avoids_the_twin_still_prefilling_a_long_one_booked_there
     now = 100.25  # past the starting window of both
     order = rank_replicas({"a": a, "b": b}, {"a": long_booked, "b": short_booked}, NEW, CFG, now)
     assert order == ["b", "a"]
-    ahead = score_replica("a", a, long_booked, NEW, CFG, now)
-    assert ahead.ahead == 1 and ahead.ttft_s > score_replica("b", b, short_booked, NEW, CFG, now).ttft_s + 0.1
+    busy = score_replica("a", a, long_booked, NEW, CFG, now)
+    assert busy.ahead == 1 and busy.ttft_s > score_replica("b", b, short_booked, NEW, CFG, now).ttft_s + 0.1
     # Once its prefill is done, nothing is ahead there, and a, with fewer live streams, takes the next.
     later = 100.0 + 0.1 + 1024 * a.prefill_s_per_token + 0.01
     assert score_replica("a", a, long_booked, NEW, CFG, later).ahead == 0
