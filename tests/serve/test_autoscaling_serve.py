@@ -4,8 +4,8 @@ them back, and the replica Serve stops drains its live streams first: none is cu
 Real Serve and HTTP, the embedded model, the tokenflow policy. A closed loop of unpaced streams fills the batch of
 the one replica (batch occupancy and waiting streams: the policy asks for more); once the second replica runs, that
 loop stops and a smaller closed loop of long streams starts: a few live at any time, which fits one replica, and
-Serve's router spreads them over both. The backlog drains, the fleet's demand fits one replica, and Serve stops the
-newest one while long streams are live on it; the long loop stops once Serve is stopping it. A probe stream
+Serve's router spreads them over both. The backlog drains, the fleet's demand fits one replica, and Serve stops one
+of them while long streams are live on it; the long loop stops once Serve is stopping it. A probe stream
 afterwards names the survivor. The timeline (replica states from serve.status(), stream -> replica from the central
 actor) is printed.
 
