@@ -17,6 +17,7 @@ there to drain.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -106,15 +107,18 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
         ended: dict[int, float] = {}
         started: dict[int, float] = {}
         slow_results: list = []
+        slow_ids: dict[str, int] = {}  # stream id -> index (started/ended are keyed by it)
         stop_long = asyncio.Event()
-        count = iter(range(10_000))
+        count = itertools.count()
 
         async def long_worker() -> None:
             while not stop_long.is_set():
                 i = next(count)
                 started[i] = time.monotonic() - timeline.t0
-                slow_results.append(await client.run(_long_spec(i)))
+                res = await client.run(_long_spec(i))
                 ended[i] = time.monotonic() - timeline.t0
+                slow_results.append(res)
+                slow_ids[res.stream_id] = i
 
         # The burst ends first: while it runs, the router sends the long streams to whichever replica has fewer of
         # its requests in flight, and one run put all six on one replica and Serve stopped the other. Then one by
@@ -139,7 +143,7 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
                 break
             await asyncio.sleep(0.2)
         probe = await client.run(PROBE)
-        return {"burst": burst, "slow": slow_results, "slow_started": started, "slow_ended": ended, "probe": probe,
+        return {"burst": burst, "slow": slow_results, "slow_ids": slow_ids, "slow_started": started, "slow_ended": ended, "probe": probe,
                 "t_load": t_load, "t_up": t_up, "t_burst_done": t_burst_done}
 
 
@@ -166,8 +170,7 @@ def test_load_scales_up_idleness_scales_down_and_no_stream_is_cut(serve_url):
     running = [s["states"].get("RUNNING", 0) for s in samples]
     # Compact record for the report: replica states whenever they change.
     changes = [s for i, s in enumerate(samples) if i == 0 or s["states"] != samples[i - 1]["states"]]
-    # The long streams by their index (started/ended are keyed by it; the prompt names it).
-    slow_ids = {res.stream_id: int(res.spec.prompt.split()[2].rstrip(":")) for res in out["slow"]}
+    slow_ids = out["slow_ids"]
     long_on = {slow_ids[sid]: rid for s in samples for sid, rid in s["long"].items() if sid in slow_ids}
     print(json.dumps({"t_load": out["t_load"], "t_up": out["t_up"], "t_burst_done": out["t_burst_done"],
                       "slow_started": out["slow_started"], "slow_ended": out["slow_ended"],
