@@ -49,6 +49,12 @@ def test_config_checks_and_one_app_per_router():
     a, b = cfg.serve_config("slack"), cfg.serve_config("default")
     assert (a.router, b.router) == ("slack", "default") and a.app_name != b.app_name
     assert a.replicas == b.replicas == 2 and a.engine_config() == b.engine_config()
+    assert a.device_blocks_by_rank == ()  # every replica alike unless a mixed fleet is asked for
+    mixed = RoutingBenchConfig(device_blocks=(384, 128))
+    for sc in (mixed.serve_config("slack"), mixed.serve_config("default")):
+        assert [sc.engine_config(rank).cache.num_device_blocks for rank in (0, 1)] == [384, 128]
+    with pytest.raises(ValueError, match="one pool per replica"):
+        RoutingBenchConfig(device_blocks=(384,))
 
 
 class _Run(RoutingRun):

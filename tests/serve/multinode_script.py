@@ -47,9 +47,11 @@ def main() -> None:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, namespace="tfnodes")
     # The slack router: Serve's default one, called from a proxy, prefers replicas on the proxy's own node (here
-    # the head), which is locality, not balance; ours spreads by each replica's load.
+    # the head), which is locality, not balance; ours spreads by each replica's load. A mixed fleet, as nodes with
+    # different devices are: rank 1's device pool is half of rank 0's.
     config = ServeConfig(app_name=APP, replicas=2, num_cpus=1, policy="tokenflow", images=False,
-                         num_device_blocks=256, num_host_blocks=512, max_num_seqs=16, router="slack")
+                         num_device_blocks=256, device_blocks_by_rank=(256, 128), num_host_blocks=512,
+                         max_num_seqs=16, router="slack")
     try:
         port = free_port()
         # One proxy: both raylets share this machine's loopback, where a proxy per node would collide on the port.
@@ -66,6 +68,7 @@ def main() -> None:
         print(json.dumps({
             "cluster_nodes": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]),
             "replica_nodes": {rid: s["node_id"] for rid, s in stats.items()},
+            "replica_pools": {rid: s["gauges"]["device_blocks_total"] for rid, s in stats.items()},
             # A stream too short-lived for the sampled view still names its replica in its id (direct placement).
             "stream_replicas": {r.stream_id: owners.get(r.stream_id) or owner_of(r.stream_id or "")
                                 for r in results},

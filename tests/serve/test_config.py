@@ -27,6 +27,23 @@ def test_config_validates_and_builds_engine_config():
         ServeConfig.from_dict({"modle": "x"})
 
 
+def test_a_mixed_fleet_sizes_each_ranks_device_pool(tmp_path):
+    """device_blocks_by_rank: rank i's engine gets entry i's device pool, ranks past the list the default; the rest
+    of the config, admission included, is the fleet's."""
+    cfg = ServeConfig(replicas=3, num_device_blocks=256, device_blocks_by_rank=[384, 128])
+    assert cfg.device_blocks_by_rank == (384, 128)  # a YAML list becomes the frozen tuple
+    pools = [cfg.engine_config(rank).cache.num_device_blocks for rank in (0, 1, 2)]
+    assert pools == [384, 128, 256] and cfg.engine_config().cache.num_device_blocks == 256
+    assert cfg.engine_config(1).scheduler == cfg.engine_config().scheduler
+    assert cfg.admission() == ServeConfig(replicas=3, num_device_blocks=256).admission()
+    for bad in ([0], [128, -1], [1.5], [True], "384,128", 384):
+        with pytest.raises(ValueError, match="device_blocks_by_rank"):
+            ServeConfig(device_blocks_by_rank=bad)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"replicas": 2, "device_blocks_by_rank": [512, 64]}))
+    assert ServeConfig.from_yaml(path).engine_config(1).cache.num_device_blocks == 64
+
+
 def test_serve_yaml_is_the_cli_config(tmp_path):
     cfg = ServeConfig.from_yaml(ROOT / "tokenflow_ray/serve/serve.yaml")
     assert cfg.app_name == "tokenflow" and cfg.policy == "tokenflow" and cfg.num_host_blocks == 2048

@@ -1,4 +1,5 @@
-"""`replicas: 2` on two raylets: Serve spreads the replicas across nodes and streams are served from both."""
+"""`replicas: 2` on two raylets: Serve spreads the replicas across nodes and streams are served from both, each
+replica with the device pool its rank was given (a mixed fleet)."""
 
 from pathlib import Path
 
@@ -17,3 +18,4 @@ def test_replicas_on_both_raylets_serve_streams():
     assert sorted(set(replica_nodes.values())) == out["cluster_nodes"]  # one replica on each raylet
     served_by = {replica_nodes.get(rid) for rid in out["stream_replicas"].values()}
     assert served_by == set(out["cluster_nodes"])  # and both served streams
+    assert sorted(out["replica_pools"].values()) == [128, 256]  # each rank's engine holds its own device pool

@@ -203,7 +203,8 @@ def _routing(args: argparse.Namespace) -> int:
                              replicas=args.replicas, rounds=args.rounds, warm_rounds=args.warm_rounds,
                              seed=args.seed, routers=args.routers,
                              cpus_per_replica=args.cpus_per_replica, pin_cpus=args.pin_cpus, timeout_s=args.timeout,
-                             long_prompt_share=args.long_prompt_share, long_prompt_tokens=args.long_prompt_tokens)
+                             long_prompt_share=args.long_prompt_share, long_prompt_tokens=args.long_prompt_tokens,
+                             device_blocks=args.device_blocks)
     report, runs = run_routing_bench(cfg)
     print_table(report)
     if args.plots:
@@ -315,6 +316,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="share of streams with a long context prompt (seeded; 0: short prompts only)")
     p.add_argument("--long-prompt-tokens", type=int, default=1024,
                    help="mean long prompt length in tokens (each 0.5x-1.5x)")
+    p.add_argument("--device-blocks", type=_int_list, default=(),
+                   help="a mixed fleet: replica i's device KV pool in blocks, e.g. 384,128 (default: 256 each)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", default="out/routing", metavar="DIR", help="where routing.png goes ('' for none)")
     p.set_defaults(handler=_routing)

@@ -20,6 +20,12 @@ behind it waits. The default is 0, the homogeneous burst of short prompts, where
 alone: the workload of README's figures. `--long-prompt-share 0.15` (at the default 1024: 512-1536 tokens, with
 1.5x of the outputs within the embedded model's 2048 positions) is a modest share of long contexts.
 
+`device_blocks` (`--device-blocks 384,128`) makes the fleet a mixed one, as GPUs of different memory are: replica
+i's device KV pool is entry i (ServeConfig.device_blocks_by_rank), all else alike. Serve's default router counts
+requests, so it gives the small pool as many streams as the large one; the slack router reads each replica's free
+blocks and prices a replica that must pause someone to fit a prompt (`cluster/routing.py`). Equal replicas sharing
+one box tie (README); the mixed fleet is the case a router that reads replica state is for.
+
 Streams per replica are counted by the replicas themselves (ReplicaStats.admitted_total before and after, through
 the central actor's stats); the central actor's view of which replica each live stream is on, sampled while the
 burst runs, gives the per-replica time series of the PNG.
@@ -63,6 +69,9 @@ class RoutingBenchConfig:
     policy: str = "tokenflow"
     num_device_blocks: int = 256  # per replica: contention, so placement matters
     num_host_blocks: int = 1024
+    # A mixed fleet: replica i's device pool (ServeConfig.device_blocks_by_rank), as GPUs of different memory hold
+    # (an A6000's 48 GB beside an H200's 141 GB: about 1 to 3). (): num_device_blocks each.
+    device_blocks: tuple[int, ...] = ()
     timeout_s: float = 240.0  # per run
     sample_s: float = 0.2
     long_prompt_share: float = 0.0  # streams with a long context (round(share x streams) of them, seeded)
@@ -82,6 +91,8 @@ class RoutingBenchConfig:
         if self.long_prompt_share > 0 and longest > MODEL_POSITIONS:
             raise ValueError(f"long_prompt_tokens: 1.5x of it plus 1.5x of max_tokens ({longest} tokens) exceeds the "
                              f"embedded model's {MODEL_POSITIONS} positions")
+        if self.device_blocks and len(self.device_blocks) != self.replicas:
+            raise ValueError(f"device_blocks: one pool per replica ({self.replicas}), got {list(self.device_blocks)}")
         if not self.routers or any(r not in ROUTERS for r in self.routers):
             raise ValueError(f"routers: any of {', '.join(ROUTERS)}, got {self.routers!r}")
         for r in self.routers:
@@ -92,7 +103,7 @@ class RoutingBenchConfig:
         pin = math.ceil(self.cpus_per_replica) if self.pin_cpus else 0
         return ServeConfig(app_name=name, route_prefix=f"/{name}", replicas=self.replicas, router=router,
                            policy=self.policy, num_cpus=self.cpus_per_replica, pin_cpus=pin,
-                           num_device_blocks=self.num_device_blocks,
+                           num_device_blocks=self.num_device_blocks, device_blocks_by_rank=self.device_blocks,
                            num_host_blocks=self.num_host_blocks, expected_stream_tokens=64 + self.max_tokens,
                            images=False)
 

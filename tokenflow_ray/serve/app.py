@@ -49,7 +49,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
                            max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
     replica = ReplicaSettings(central, grouping=config.grouping(),
                               torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
-                              pin_cpus=config.pin_cpus,
+                              pin_cpus=config.pin_cpus, device_blocks_by_rank=config.device_blocks_by_rank,
                               routing_stats_interval_s=config.routing_stats_period_s,
                               stream_limit=direct_stream_limit(adm, config.replicas) if direct else 0,
                               retry_after_s=config.retry_after_s, migration=config.migration_enabled,

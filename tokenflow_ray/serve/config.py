@@ -48,6 +48,11 @@ class ServeConfig:
     block_size: int = 16
     num_device_blocks: int = 1024  # device KV pool per replica, in blocks
     num_host_blocks: int = 4096  # CPU spill store per replica, in blocks (host memory is the cheap tier)
+    # A mixed fleet: the replica of Serve rank i holds a device pool of device_blocks_by_rank[i] blocks (ranks past
+    # the list: num_device_blocks), as replicas on GPUs of different memory hold different pools. On one CPU box it
+    # is how a bench puts such a fleet behind one router (`tokenflow bench routing --device-blocks 384,128`).
+    # Admission still derives from num_device_blocks. (): every replica alike.
+    device_blocks_by_rank: tuple[int, ...] = ()
     max_num_seqs: int = 64  # engine batch cap (streams in one step)
     max_num_batched_tokens: int = 512
     # Admission (admission.py). A replica accepts the streams its device pool + host store can keep at
@@ -110,6 +115,11 @@ class ServeConfig:
             object.__setattr__(self, "policy", default_policy())
         if self.images is None:
             object.__setattr__(self, "images", images_available())
+        _require(isinstance(self.device_blocks_by_rank, (list, tuple))
+                 and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                         for n in self.device_blocks_by_rank),
+                 "device_blocks_by_rank: must be a list of positive ints (a device pool per replica rank)")
+        object.__setattr__(self, "device_blocks_by_rank", tuple(self.device_blocks_by_rank))
         _require(bool(self.app_name) and self.app_name.replace("-", "_").isidentifier(),
                  "app_name: letters, digits, '_' or '-'")
         _require(self.route_prefix.startswith("/"), "route_prefix: must start with '/'")
@@ -177,10 +187,16 @@ class ServeConfig:
     def grouping(self) -> GroupingConfig:
         return GroupingConfig(self.stream_interval_s, self.stream_max_interval_s, self.stream_events_per_s)
 
-    def engine_config(self) -> EngineConfig:
+    def device_blocks(self, rank: int | None = None) -> int:
+        """The device pool of the replica at Serve rank `rank` (None: the fleet's default)."""
+        by_rank = self.device_blocks_by_rank
+        return by_rank[rank] if rank is not None and 0 <= rank < len(by_rank) else self.num_device_blocks
+
+    def engine_config(self, rank: int | None = None) -> EngineConfig:
+        """The engine config of the replica at Serve rank `rank` (None: the fleet's default)."""
         return EngineConfig(
             model=ModelConfig(model=self.model, dtype=self.dtype, device=self.device),
-            cache=CacheConfig(block_size=self.block_size, num_device_blocks=self.num_device_blocks,
+            cache=CacheConfig(block_size=self.block_size, num_device_blocks=self.device_blocks(rank),
                               num_host_blocks=self.num_host_blocks),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                       max_num_batched_tokens=self.max_num_batched_tokens, policy=self.policy),

@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 from ray import serve
@@ -49,6 +49,9 @@ class ReplicaSettings:
     torch_threads: int = 0  # 0: leave torch's default (Ray sets OMP_NUM_THREADS from the replica's num_cpus)
     # >0: pin this replica's process to that many CPUs of its own, by its local rank on the node (affinity.py)
     pin_cpus: int = 0
+    # A mixed fleet (ServeConfig.device_blocks_by_rank): the replica of Serve rank i holds a device pool of entry i
+    # blocks; ranks past it keep the engine config's own. (): every replica alike.
+    device_blocks_by_rank: tuple[int, ...] = ()
     sync_interval_s: float = 0.2  # the central table gets this replica's changes in one batch this often
     # Direct placement: streams beyond this many are refused 429 (admission.py); 0: no limit here (the ingress
     # placement bounds them with Serve's max_ongoing/max_queued_requests instead).
@@ -61,6 +64,13 @@ class ReplicaSettings:
 def _counts(out) -> tuple[int, int]:
     """(prompt tokens, output tokens so far) of an engine output; (0, 0) before the first."""
     return (0, 0) if out is None else (out.num_prompt_tokens, out.num_output_tokens)
+
+
+def _for_rank(engine_config: EngineConfig, device_blocks_by_rank: tuple[int, ...], rank: int) -> EngineConfig:
+    """This replica's engine config in a mixed fleet: its rank's device pool, the rest as configured."""
+    if not 0 <= rank < len(device_blocks_by_rank):
+        return engine_config
+    return replace(engine_config, cache=replace(engine_config.cache, num_device_blocks=device_blocks_by_rank[rank]))
 
 
 def _pin(local_rank: int, threads: int) -> None:
@@ -86,6 +96,7 @@ class LLMServer(ReplicaMigration):
             import torch
 
             torch.set_num_threads(settings.torch_threads)
+        engine_config = _for_rank(engine_config, settings.device_blocks_by_rank, serve.get_replica_context().rank.rank)
         self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
