@@ -6,11 +6,12 @@
 //
 // Work items are streams (in small batches, (stream, KV head) pairs), handed to ATen's threads from a shared counter.
 // A KV head's G = H / kv_heads query heads go through the context in groups, L tokens at a time (L = the build's
-// vector width, 16 floats with AVX-512 and 8 with AVX2: vec_exp.h): each K row is loaded once for every head of the group, the L scores of a head
-// come out of one transpose-and-add tree (not L horizontal sums), the softmax is online (running max, lane-wise
-// running sum, one vector exp per head and chunk), and each V row is loaded once and added into every head's
-// accumulator, which stay in registers. The next block's rows are prefetched (whole rows on the first head's pass):
-// blocks lie wherever the pool put them. head_dim 16/32/64/128 take this path; other sizes a scalar one.
+// vector width, 16 floats with AVX-512 and 8 with AVX2: vec_exp.h): each K row is loaded once for every head of the
+// group, the L scores of a head come out of one transpose-and-add tree (not L horizontal sums), the softmax is
+// online (running max, lane-wise running sum, one vector exp per head and chunk), and each V row is loaded once and
+// added into every head's accumulator, which stay in registers. The next block's rows are prefetched (whole rows on
+// the first head's pass): blocks lie wherever the pool put them. head_dim 16/32/64/128 take this path; other sizes a
+// scalar one.
 // What these kernels use, not <torch/extension.h> (the whole C++ frontend): a third of the build time.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
