@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,14 @@ def default_policy() -> str:
 
 def images_available() -> bool:
     return importlib.util.find_spec("tokenflow_ray.serve.images") is not None
+
+
+def engine_config_for_rank(engine_config: EngineConfig, device_blocks_by_rank: tuple[int, ...],
+                           rank: int) -> EngineConfig:
+    """A mixed fleet's replica at Serve rank `rank`: its rank's device pool, ranks past the list the fleet's own."""
+    if not 0 <= rank < len(device_blocks_by_rank):
+        return engine_config
+    return replace(engine_config, cache=replace(engine_config.cache, num_device_blocks=device_blocks_by_rank[rank]))
 
 
 @dataclass(frozen=True)
@@ -187,20 +195,16 @@ class ServeConfig:
     def grouping(self) -> GroupingConfig:
         return GroupingConfig(self.stream_interval_s, self.stream_max_interval_s, self.stream_events_per_s)
 
-    def device_blocks(self, rank: int | None = None) -> int:
-        """The device pool of the replica at Serve rank `rank` (None: the fleet's default)."""
-        by_rank = self.device_blocks_by_rank
-        return by_rank[rank] if rank is not None and 0 <= rank < len(by_rank) else self.num_device_blocks
-
     def engine_config(self, rank: int | None = None) -> EngineConfig:
         """The engine config of the replica at Serve rank `rank` (None: the fleet's default)."""
-        return EngineConfig(
+        fleet = EngineConfig(
             model=ModelConfig(model=self.model, dtype=self.dtype, device=self.device),
-            cache=CacheConfig(block_size=self.block_size, num_device_blocks=self.device_blocks(rank),
+            cache=CacheConfig(block_size=self.block_size, num_device_blocks=self.num_device_blocks,
                               num_host_blocks=self.num_host_blocks),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                       max_num_batched_tokens=self.max_num_batched_tokens, policy=self.policy),
             default_rate=self.default_rate)
+        return fleet if rank is None else engine_config_for_rank(fleet, self.device_blocks_by_rank, rank)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeConfig:

@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import ray
 from ray import serve
@@ -29,6 +29,7 @@ from tokenflow_ray.cluster.replica_stats import replica_stats_from_engine
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine, StreamMoved
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
+from tokenflow_ray.serve.config import engine_config_for_rank
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.ingress import queue_full
 from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, RelieveOrder, Report
@@ -66,13 +67,6 @@ def _counts(out) -> tuple[int, int]:
     return (0, 0) if out is None else (out.num_prompt_tokens, out.num_output_tokens)
 
 
-def _for_rank(engine_config: EngineConfig, device_blocks_by_rank: tuple[int, ...], rank: int) -> EngineConfig:
-    """This replica's engine config in a mixed fleet: its rank's device pool, the rest as configured."""
-    if not 0 <= rank < len(device_blocks_by_rank):
-        return engine_config
-    return replace(engine_config, cache=replace(engine_config.cache, num_device_blocks=device_blocks_by_rank[rank]))
-
-
 def _pin(local_rank: int, threads: int) -> None:
     """Replica `local_rank` on this node takes CPUs [rank x threads, (rank + 1) x threads); one that does not fit
     runs unpinned, said in the log (a replica is never refused for it)."""
@@ -96,7 +90,8 @@ class LLMServer(ReplicaMigration):
             import torch
 
             torch.set_num_threads(settings.torch_threads)
-        engine_config = _for_rank(engine_config, settings.device_blocks_by_rank, serve.get_replica_context().rank.rank)
+        engine_config = engine_config_for_rank(engine_config, settings.device_blocks_by_rank,
+                                               serve.get_replica_context().rank.rank)
         self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id

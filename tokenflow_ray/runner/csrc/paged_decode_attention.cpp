@@ -178,7 +178,7 @@ void attend_group(const Shape& s, const float* q, const float* kp, const float* 
     const float* kb = kp + table[b] * s.block_stride + h * s.hd;
     const float* vb = vp + table[b] * s.block_stride + h * s.hd;
     if (b + 1 < nb) {  // the next block's rows (every head's on head 0's pass): blocks lie all over the pool
-      const int64_t off = table[b + 1] * s.block_stride + (h == 0 ? 0 : h * s.hd);
+      const int64_t off = table[b + 1] * s.block_stride + h * s.hd;
       const int64_t rows = std::min(s.bs, len - (b + 1) * s.bs), width = h == 0 ? s.tok_stride : s.hd;
       for (int64_t t = 0; t < rows; ++t)
         for (int64_t x = 0; x < width; x += 16) {  // a cache line a prefetch
