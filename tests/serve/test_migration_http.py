@@ -15,7 +15,10 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfmigrate"
-MAX_TOKENS = 384
+# Near the embedded model's 2048-token context: a replica with room generates ahead of its reader, so a lone
+# stream runs at full speed (384 tokens: a 0.7 s read on the AVX-512 EPYC, and a clean-clone CI run's move order
+# found that stream finished); 1900 take about 3.5 s there.
+MAX_TOKENS = 1900
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,8 @@ def _client(base: str) -> openai.OpenAI:
 
 
 def _request(**sampling) -> dict:
-    # Long enough that the engine (a few ms a token for one stream here) is still generating when the move order
-    # arrives (the central actor hears of a new stream within its 0.2 s registration batch).
+    # MAX_TOKENS: still generating when the move order arrives (the central actor hears of a new stream within
+    # its 0.2 s registration batch).
     return dict(model="embedded", prompt="The reader moved to", max_tokens=MAX_TOKENS, stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True, "consumption_rate": 40.0}, **sampling)
@@ -92,7 +95,7 @@ def test_reports_follow_a_moved_stream_and_a_cancel_frees_it(migrate_app):
 
     base, config = migrate_app
     central = central_actor(config)
-    body = {"model": "embedded", "prompt": "Slow reader", "max_tokens": 400, "ignore_eos": True, "stream": True,
+    body = {"model": "embedded", "prompt": "Slow reader", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
             "consumption_rate": 5.0}
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", base + "/v1/completions", json=body) as resp:
