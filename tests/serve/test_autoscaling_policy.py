@@ -102,6 +102,7 @@ def test_serve_config_autoscaling_fields():
     assert isinstance(cfg.autoscaling, AutoscalingSettings) and cfg.autoscaling.downscale_delay_s == 10
     opts = replica_count_options(cfg)
     assert "num_replicas" not in opts and opts["graceful_shutdown_timeout_s"] == 600.0
+    assert opts["graceful_shutdown_wait_loop_s"] == 0.5  # a drained replica leaves soon after its streams moved
     assert opts["autoscaling_config"]["policy"]["policy_kwargs"]["target_utilization"] == 0.8
     AutoscalingConfig(**opts["autoscaling_config"])  # Serve accepts it
     assert replica_count_options(ServeConfig(images=False, replicas=2)) == {"num_replicas": 2}

@@ -23,21 +23,23 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfdrain"
-# Long enough to outlast the scale-down (3-4 s after both replicas hold streams) by seconds: on an idle box the
-# policy runs them well ahead of their 20 tok/s readers, and at 1000 tokens a clean-clone run's moved streams ended
-# 0.9 s after the victim was gone. 1600 (of the model's 2048 positions) fill 808 of the survivor's 1024 blocks.
-STREAMS, MAX_TOKENS = 8, 1600
+# Long enough to outlast the scale-down (2-3 s after both replicas hold streams here, but Serve's and the central
+# actor's polls can add seconds) by seconds: on an idle box the policy runs them well ahead of their 20 tok/s
+# readers. At 1000 tokens a clean-clone run's moved streams ended 0.9 s after the victim was gone; at 1600 tokens and
+# 8 streams the victim left 4.5-5.0 s before them here, yet one clean-clone run saw them end first. 16 streams make
+# the survivor's batch twice as large. 1600 tokens (of the model's 2048 positions) fill 1616 of its 2048 blocks.
+STREAMS, MAX_TOKENS = 16, 1600
 
 
 def _config():
     from tokenflow_ray.serve.config import ServeConfig
 
-    # Scale-down once the streams have been on both replicas for a few seconds (their demand, 160 tok/s in a
-    # batch of 16, fits one replica). Each replica pinned to a core of its own, so the survivor runs the moved
+    # Scale-down once the streams have been on both replicas for a few seconds (their demand, 320 tok/s and 16
+    # streams in a batch of 32, fits one replica at the policy's scale-down utilization of half). Each replica pinned to a core of its own, so the survivor runs the moved
     # streams on one core whatever the box. On an AVX-512 EPYC, unpinned, with a 4 s delay, a moved stream ended
     # 0.03 s after the victim was gone, and with a 2 s delay the victim's one stream ended before it was gone.
     return ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, pin_cpus=1, policy="tokenflow",
-                       max_num_seqs=16, num_device_blocks=1024, num_host_blocks=2048, images=False, http="ingress",
+                       max_num_seqs=32, num_device_blocks=2048, num_host_blocks=2048, images=False, http="ingress",
                        autoscaling={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 60.0,
                                     "downscale_delay_s": 2.0, "metrics_interval_s": 0.25, "look_back_period_s": 1.0,
                                     "drain_timeout_s": 120.0})
@@ -136,6 +138,6 @@ def test_a_replica_stopped_for_scale_down_hands_its_streams_over_and_stops_first
     assert moved == {ids[i] for i in on_victim}, (moves, on_victim)
     # The stopping replica did not wait for its streams: it was gone while they still ran elsewhere. One that waited
     # would be gone only after they ended; gone_at is sampled every 0.2 s, so it is never early. Pinned, with a 2 s
-    # delay, the victims here went 1.8-5.0 s before their former streams ended.
+    # delay and 16 streams, the victims here went 7.1-10.9 s before their former streams ended.
     assert gone_at is not None and gone_at < ended_moved - 0.5, (gone_at - t_scale, ended_moved - t_scale)
 

@@ -26,6 +26,7 @@ from tokenflow_ray.serve.replica import LLMServer, ReplicaSettings
 
 IMAGE_DEPLOYMENT = "ImageTokenizerDeployment"
 SLACK_ROUTER_PATH = "tokenflow_ray.serve.slack_router.SlackRequestRouter"
+DRAINED_EXIT_POLL_S = 0.5  # how often a replica Serve is stopping checks whether its streams are gone
 
 
 def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Application:
@@ -96,8 +97,11 @@ def replica_count_options(config: ServeConfig) -> dict[str, Any]:
     drain_timeout_s) while the central actor moves them off it (migration): a scale-down never cuts a stream."""
     if config.autoscaling is None:
         return {"num_replicas": config.replicas}
+    # A stopping replica checks its ongoing requests every graceful_shutdown_wait_loop_s (Serve's default: 2 s). A
+    # drained one has none soon after its streams moved, and should free its CPUs then, not up to 2 s later.
     return {"autoscaling_config": config.autoscaling.serve_autoscaling_config(initial_replicas=config.replicas),
-            "graceful_shutdown_timeout_s": config.autoscaling.drain_timeout_s}
+            "graceful_shutdown_timeout_s": config.autoscaling.drain_timeout_s,
+            "graceful_shutdown_wait_loop_s": DRAINED_EXIT_POLL_S}
 
 
 def request_router_config(config: ServeConfig) -> RequestRouterConfig:
