@@ -11,6 +11,7 @@ import torch
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.models.packed_linear import resolve_cpu_gemm
 from tokenflow_ray.runner.cpu_kernels import compiler_available
 
 NEW_TOKENS = 24
@@ -41,9 +42,9 @@ def _hf_reference(model_dir, prompts, n=NEW_TOKENS):
 
 
 def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16, fused=True,
-            overlap=False):
+            overlap=False, gemm="auto"):
     return LLMEngine.from_config(EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", fused_cpu_ops=fused),
+        model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", fused_cpu_ops=fused, cpu_gemm=gemm),
         cache=CacheConfig(block_size=block_size, num_device_blocks=blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked),
         overlap_scheduling=overlap))
@@ -68,17 +69,19 @@ def _run(engine, prompts, join_at: dict[int, int] | None = None) -> list[list[in
     return [tokens[ids[i]] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("ops", ["fused", "reference", "fused_overlapped"])
+@pytest.mark.parametrize("ops", ["fused", "reference", "fused_overlapped", "fused_onednn"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
 @pytest.mark.parametrize("mode", ["batched", "chunked_small_budget", "unchunked", "join_mid_batch",
                                   "preempt_recompute"])
 def test_greedy_matches_hf_generate(model, mode, ops, request):
     """`fused`: the C++ small ops (the default on CPU fp32); `reference`: one torch op per step of HF's math;
-    `fused_overlapped`: with overlapped scheduling (each step planned while the one before runs)."""
+    `fused_overlapped`: with overlapped scheduling (each step planned while the one before runs); `fused_onednn`:
+    the linear layers on oneDNN's GEMM rather than the default (the panel GEMM on AVX-512 CPUs)."""
     model_dir = request.getfixturevalue(model)
     prompts = _prompts()
     refs = _hf_reference_cached(str(model_dir), tuple(map(tuple, prompts)))
-    kw = dict(fused=ops != "reference", overlap=ops == "fused_overlapped")
+    kw = dict(fused=ops != "reference", overlap=ops == "fused_overlapped",
+              gemm="onednn" if ops == "fused_onednn" else "auto")
     if mode == "batched":
         engine, join = _engine(model_dir, **kw), None
     elif mode == "chunked_small_budget":
@@ -90,6 +93,7 @@ def test_greedy_matches_hf_generate(model, mode, ops, request):
     else:  # a pool too small for all streams at full length: recompute preemption must happen
         engine, join = _engine(model_dir, blocks=14, block_size=8, budget=64, **kw), None
     assert engine.runner.fused_ops == (ops != "reference") or not compiler_available()
+    assert engine.runner.gemm == resolve_cpu_gemm(kw["gemm"])
     assert _run(engine, prompts, join) == refs
 
 

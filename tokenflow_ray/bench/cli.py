@@ -45,7 +45,7 @@ def _engine(args: argparse.Namespace) -> int:
     cfg = EngineBenchConfig(model=args.model, dtype=args.dtype, batches=args.batch, prompt_len=args.prompt_len,
                             new_tokens=args.new_tokens, repeats=args.repeats, generate_batch=not args.no_generate_batch,
                             peer=args.peer, peer_env=args.vllm_env, overlap=args.overlap,
-                            profile_batch=args.profile_batch or None)
+                            profile_batch=args.profile_batch or None, cpu_gemm=args.cpu_gemm)
     if args.profile_only:
         from tokenflow_ray.bench.engine_bench import run_step_profile
 
@@ -265,6 +265,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="headline figures with overlapped scheduling (both modes are measured either way)")
     p.add_argument("--profile-batch", type=int, default=32, help="profile a decode step at this batch (0: skip)")
+    p.add_argument("--cpu-gemm", default="auto", choices=["auto", "tokenflow", "onednn"],
+                   help="the linear layers' kernel (auto: the panel GEMM on AVX-512 CPUs, else oneDNN)")
     p.add_argument("--profile-only", action="store_true",
                    help="only the step profile at --profile-batch, --repeats times (median): no HF, no peers")
     p.add_argument("--json", metavar="PATH")

@@ -47,6 +47,7 @@ class EngineBenchConfig:
     # CPU box the model's OpenMP team and the planning thread share the same cores (README, engine speed).
     overlap: bool = False
     profile_batch: int | None = 32  # where a decode step's time goes at this batch (None: skip)
+    cpu_gemm: str = "auto"  # the linear layers' kernel (ModelConfig.cpu_gemm): auto, tokenflow or onednn
 
     def __post_init__(self) -> None:
         if not self.batches or any(b <= 0 for b in self.batches):
@@ -57,6 +58,8 @@ class EngineBenchConfig:
             raise ValueError("mixed token range: need 0 < min <= max")
         if self.peer not in (None, "vllm"):
             raise ValueError(f"peer: expected 'vllm', got {self.peer!r}")
+        if self.cpu_gemm not in ("auto", "tokenflow", "onednn"):
+            raise ValueError(f"cpu_gemm: expected auto, tokenflow or onednn, got {self.cpu_gemm!r}")
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -92,7 +95,7 @@ def bench_engine(cfg: EngineBenchConfig) -> LLMEngine:
     ctx = cfg.prompt_len + max(cfg.new_tokens, cfg.mixed_max_tokens)
     block = 16
     return LLMEngine.from_config(EngineConfig(
-        model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu"),
+        model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu", cpu_gemm=cfg.cpu_gemm),
         cache=CacheConfig(block_size=block, num_device_blocks=max_batch * (-(-ctx // block)) + 8),
         scheduler=SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * 4))))
 
@@ -114,7 +117,7 @@ def run_step_profile(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
     out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     progress("median: " + _profile_line(out))
     return {"model": cfg.model, "dtype": cfg.dtype, "device": "cpu", "threads": torch.get_num_threads(),
-            "machine": machine_info(), "config": asdict(cfg), "profile": out, "runs": runs}
+            "gemm": engine.runner.gemm, "machine": machine_info(), "config": asdict(cfg), "profile": out, "runs": runs}
 
 
 def _profile_line(p: dict) -> str:
@@ -209,7 +212,8 @@ def run_engine_bench(cfg: EngineBenchConfig, progress: Callable[[str], None] = p
         mixed.update(_vllm_peer(cfg, systems, results, progress))
         mixed["mixed_ours_vs_vllm"] = mixed["mixed_ours_tok_s"] / mixed["mixed_vllm_tok_s"]
     out = {"model": cfg.model, "dtype": cfg.dtype, "device": "cpu", "threads": torch.get_num_threads(),
-           "machine": machine_info(), "config": asdict(cfg), "results": results, "profile": profile, **mixed}
+           "gemm": systems.engine.runner.gemm, "machine": machine_info(), "config": asdict(cfg), "results": results,
+           "profile": profile, **mixed}
     headline = str(32 if 32 in cfg.batches else cfg.batches[-1])
     out["batch"] = int(headline)
     out.update({k: v for k, v in results[headline].items() if k != "roofline"})

@@ -25,7 +25,10 @@ class ModelConfig:
     # torch intra-op threads (process-wide). None: torch's default. On a small shared CPU box 1 is the safe
     # choice beside a copy thread: OpenMP teams of 2 stall at barriers whenever another thread takes a core.
     num_threads: int | None = None
-    cpu_prepack: bool = True  # fp32 on CPU: pack linear weights for oneDNN once (faster decode GEMMs)
+    cpu_prepack: bool = True  # fp32 on CPU: pack linear weights once for the GEMM kernel below (faster decode GEMMs)
+    # Which GEMM the packed linears run. auto: the compiled panel GEMM (runner/csrc/packed_gemm.cpp) on AVX-512 CPUs,
+    # where it measured faster than oneDNN at every batch size, else oneDNN's packed linear; or name one.
+    cpu_gemm: str = "auto"
     # fp32 on CPU: RMSNorm + residual, RoPE + KV write and SiLU·mul as fused C++ kernels (False: the reference ops)
     fused_cpu_ops: bool = True
     # auto: flash-attn on CUDA, the compiled paged decode kernel on CPU fp32, SDPA otherwise; or name one.
@@ -38,6 +41,8 @@ class ModelConfig:
                  f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
         _require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
+        _require(self.cpu_gemm in ("auto", "tokenflow", "onednn"),
+                 f"cpu_gemm: expected auto, tokenflow or onednn, got {self.cpu_gemm!r}")
         _require(self.attention_backend in ("auto", "flash", "sdpa", "cpu_paged"),
                  f"attention_backend: expected auto, flash, sdpa or cpu_paged, got {self.attention_backend!r}")
 

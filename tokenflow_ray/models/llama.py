@@ -174,16 +174,19 @@ class LlamaForPagedLM(nn.Module):
             self.__dict__["_kv_views"] = cached
         return cached[1]
 
-    def prepack_for_cpu(self) -> None:
-        """Swap every linear layer (lm_head too) for a oneDNN one with its weight packed once: about 2x faster
-        decode GEMMs than the default path on this project's CPUs (see `packed_linear.py`). fp32 on CPU."""
-        from tokenflow_ray.models.packed_linear import onednn_linear_available, pack_linears
+    def prepack_for_cpu(self, gemm: str = "auto") -> str | None:
+        """Swap every linear layer (lm_head too) for one with its weight packed once for a CPU GEMM kernel: about 2x
+        faster decode GEMMs than the default path on this project's CPUs (see `packed_linear.py`). fp32 on CPU.
+        Returns the kernel (None: none could run here, the layers stay as they are)."""
+        from tokenflow_ray.models.packed_linear import pack_linears, resolve_cpu_gemm
 
-        if not onednn_linear_available():
-            return
+        kernel = resolve_cpu_gemm(gemm)
+        if kernel is None:
+            return None
         for layer in self.layers:
-            pack_linears(layer, ("qkv", "o", "gate_up", "down"))
-        pack_linears(self, ("lm_head",))
+            pack_linears(layer, ("qkv", "o", "gate_up", "down"), kernel)
+        pack_linears(self, ("lm_head",), kernel)
+        return kernel
 
     def compute_logits(self, hidden_SH: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_SH).float()

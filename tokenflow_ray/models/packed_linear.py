@@ -1,9 +1,13 @@
-"""PackedLinear: a linear layer whose weight is reordered once into oneDNN's blocked layout.
+"""PackedLinear: a linear layer whose weight is reordered once for the CPU GEMM that runs it (fp32).
 
-`torch.ops.mkldnn._linear_pointwise` on a weight from `_reorder_linear_weight` takes and returns ordinary dense
-tensors, so there is no per-call conversion of activations (which `torch.utils.mkldnn.to_mkldnn` modules pay), and
-oneDNN's AVX-512 kernels run at close to the core's FMA peak where the default BLAS path may not (on AMD CPUs MKL
-takes an AVX2 path). The engine benchmark and `bench/roofline.py` measure both.
+Two kernels, each taking and returning ordinary dense tensors (no per-call conversion of activations):
+- "tokenflow": the compiled panel GEMM (runner/csrc/packed_gemm.cpp). On this project's AVX-512 box it beat oneDNN
+  at every batch size measured (1 to 2048 rows), above all at decode sizes, where oneDNN's fixed cost a call and its
+  waits on weights from DRAM dominate. The default where the CPU has AVX-512 (a 16-lane build).
+- "onednn": `torch.ops.mkldnn._linear_pointwise` on a weight from `_reorder_linear_weight`: oneDNN's AVX-512/AVX2
+  kernels, at close to the core's FMA peak for large products (on AMD CPUs MKL takes an AVX2 path). The default on
+  AVX2-only CPUs, where the panel GEMM has not been measured.
+`bench/roofline.py` measures oneDNN's rate; `tokenflow bench engine` the model with whichever kernel runs it.
 """
 
 from __future__ import annotations
@@ -11,19 +15,49 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+CPU_GEMMS = ("auto", "tokenflow", "onednn")
+
 
 def onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and \
         hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def resolve_cpu_gemm(name: str = "auto") -> str | None:
+    """The kernel `name` stands for on this machine: "tokenflow", "onednn", or None (neither: keep nn.Linear).
+    A named kernel that cannot run here falls back to the other one."""
+    from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
+
+    if name not in CPU_GEMMS:
+        raise ValueError(f"cpu_gemm: expected one of {CPU_GEMMS}, got {name!r}")
+    if name != "onednn":
+        gemm = load_packed_gemm()
+        if gemm is not None and (name == "tokenflow" or gemm.lanes() == 16):
+            return "tokenflow"
+    if onednn_linear_available():
+        return "onednn"
+    return "tokenflow" if load_packed_gemm() is not None else None
+
+
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, batch_hint: int | None = None) -> None:
+    def __init__(self, linear: nn.Linear, kernel: str = "onednn", batch_hint: int | None = None) -> None:
         super().__init__()
+        if kernel not in ("tokenflow", "onednn"):
+            raise ValueError(f"kernel: tokenflow or onednn, got {kernel!r}")
         weight = linear.weight.detach()
-        # The hint only picks the packing format; any number of rows works at run time.
-        args = (weight,) if batch_hint is None else (weight, batch_hint)
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(*args), persistent=False)
+        self.kernel = kernel
+        if kernel == "tokenflow":
+            from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
+
+            self._gemm = load_packed_gemm()
+            if self._gemm is None:
+                raise RuntimeError("the packed GEMM kernel did not build here (see the log); use kernel='onednn'")
+            packed = self._gemm.pack(weight.float().contiguous())
+        else:
+            # The hint only picks the packing format; any number of rows works at run time.
+            args = (weight,) if batch_hint is None else (weight, batch_hint)
+            packed = torch.ops.mkldnn._reorder_linear_weight(*args)
+        self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone(), persistent=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._bind()
@@ -32,7 +66,8 @@ class PackedLinear(nn.Module):
         # The op and both tensors as plain attributes: a decode step makes 25 of these calls, and the module's
         # __getattr__ for each buffer and the torch.ops namespace lookups cost more than the call's Python.
         # Rebound whenever the buffers are replaced (`_apply`: .to(), .cpu(), ...).
-        self.__dict__["_call"] = (torch.ops.mkldnn._linear_pointwise, self.packed_weight, self.bias)
+        op = self._gemm.linear if self.kernel == "tokenflow" else torch.ops.mkldnn._linear_pointwise
+        self.__dict__["_call"] = (op, self.packed_weight, self.bias)
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -41,12 +76,16 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op, weight, bias = self._call
+        if self.kernel == "tokenflow":
+            return op(x, weight, self.out_features, bias)
         return op(x, weight, bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"kernel={self.kernel}")
 
 
-def pack_linears(module: nn.Module, names: tuple[str, ...], batch_hint: int | None = None) -> None:
+def pack_linears(module: nn.Module, names: tuple[str, ...], kernel: str = "onednn",
+                 batch_hint: int | None = None) -> None:
     for name in names:
-        setattr(module, name, PackedLinear(getattr(module, name), batch_hint))
+        setattr(module, name, PackedLinear(getattr(module, name), kernel, batch_hint))

@@ -1,6 +1,7 @@
-"""The CPU kernels (csrc/: paged decode attention, fused small ops), each built once per machine and cached.
+"""The CPU kernels (csrc/: paged decode attention, fused small ops, the packed GEMM), each built once per machine and
+cached.
 
-torch's C++ extension loader compiles it on first use (20-30 s each here; the engine builds the two side by side)
+torch's C++ extension loader compiles it on first use (20-30 s each here; the engine builds them two at a time)
 into its extensions folder ($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), and later processes (Serve
 replicas, tests) load the cached build. Without a C++ compiler the engine falls back to gather + SDPA and says so once in the log.
 """
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_decode_attention.cpp"
 FUSED_SOURCE = CSRC / "fused_ops.cpp"
+GEMM_SOURCE = CSRC / "packed_gemm.cpp"
 # A build takes 20-30 s here. torch's loader waits with no time limit on the lock file a build holds, and a
 # process killed by a signal (SIGTERM from `timeout`, SIGKILL) leaves that file behind: every later process, the
 # Serve replicas included, then hangs at its first engine. A lock this old has no live build behind it.
@@ -101,9 +103,22 @@ def load_fused_ops() -> ModuleType | None:
     return _build("tokenflow_fused_ops", FUSED_SOURCE, "the fused small ops", ("-ffp-contract=off",))
 
 
+@functools.cache
+def load_packed_gemm(lanes: int | None = None) -> ModuleType | None:
+    """The linear layers' GEMM over packed column panels (csrc/packed_gemm.cpp). `lanes` as for the attention kernel:
+    None builds for this CPU's vector width, 8 or 16 forces one (the tests run both)."""
+    if lanes is None:
+        return _build("tokenflow_packed_gemm", GEMM_SOURCE, "the packed GEMM (oneDNN's linear)")
+    if lanes not in (8, 16):
+        raise ValueError(f"lanes: 8 or 16, got {lanes!r}")
+    return _build(f"tokenflow_packed_gemm_l{lanes}", GEMM_SOURCE, "the packed GEMM (oneDNN's linear)",
+                  (f"-DTOKENFLOW_LANES={lanes}",))
+
+
 def build_cpu_kernels() -> None:
-    """Build (or load) both kernels at once: each build is one compiler process, so on two cores the pair takes
+    """Build (or load) the kernels two at a time: each build is one compiler process, so on two cores a pair takes
     about as long as one. Each loader caches its module, so the later calls that use them find it built."""
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenflow-kernel-build") as pool:
-        for future in [pool.submit(load_paged_decode_attention), pool.submit(load_fused_ops)]:
+        for future in [pool.submit(load_paged_decode_attention), pool.submit(load_fused_ops),
+                       pool.submit(load_packed_gemm)]:
             future.result()

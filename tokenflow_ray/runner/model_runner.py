@@ -78,14 +78,14 @@ class TorchModelRunner:
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_weights(iter_safetensors(self.model_dir))
         self.model = model.eval().requires_grad_(False)
-        if mc.cpu_prepack and self.device.type == "cpu" and self.dtype == torch.float32 and \
-                torch.backends.mkldnn.is_available():
-            self.model.prepack_for_cpu()
-        max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
-        self.model.build_rope_tables(max_len, self.device)
         if self.device.type == "cpu" and self.dtype == torch.float32 and mc.fused_cpu_ops and \
                 (attention_backend or mc.attention_backend) in ("auto", "cpu_paged"):
-            build_cpu_kernels()  # both at once, before the first of them is asked for
+            build_cpu_kernels()  # two at a time, before the first of them is asked for
+        self.gemm = None  # the CPU GEMM kernel the linear layers run, when they were packed for one
+        if mc.cpu_prepack and self.device.type == "cpu" and self.dtype == torch.float32:
+            self.gemm = self.model.prepack_for_cpu(mc.cpu_gemm)
+        max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
+        self.model.build_rope_tables(max_len, self.device)
         self.fused_ops = bool(mc.fused_cpu_ops) and self.model.use_fused_cpu_ops()
         # A greedy step's tokens from the compiled kernel (float32 CPU logits) rather than argmax + tolist.
         self._argmax_rows = self.model.fused_ops.argmax_rows if self.fused_ops else None
@@ -125,8 +125,8 @@ class TorchModelRunner:
         self._params: dict[str, SamplingParams] = {}
         self._not_greedy: set[str] = set()  # streams that sample (temperature > 0): none, and a step is one argmax
         self._restored: dict[str, bytes] = {}  # imported streams' generator states, until first scheduled
-        log.info("loaded %s (%s, %s, %s attention, %d KV blocks)", self.model_dir, self.device, self.dtype,
-                 self.backend.name, cc.num_device_blocks)
+        log.info("loaded %s (%s, %s, %s attention, %s GEMM, %d KV blocks)", self.model_dir, self.device, self.dtype,
+                 self.backend.name, self.gemm or "default", cc.num_device_blocks)
 
     def init_thread(self) -> None:
         """Called on the engine's runner thread (overlapped scheduling): torch's thread count is per thread."""
