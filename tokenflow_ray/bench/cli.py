@@ -265,7 +265,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="headline figures with overlapped scheduling (both modes are measured either way)")
     p.add_argument("--profile-batch", type=int, default=32, help="profile a decode step at this batch (0: skip)")
-    p.add_argument("--cpu-gemm", default="auto", choices=["auto", "tokenflow", "onednn"],
+    from tokenflow_ray.engine.config import CPU_GEMMS  # pure Python: --help stays fast
+
+    p.add_argument("--cpu-gemm", default="auto", choices=list(CPU_GEMMS),
                    help="the linear layers' kernel (auto: the panel GEMM on AVX-512 CPUs, else oneDNN)")
     p.add_argument("--profile-only", action="store_true",
                    help="only the step profile at --profile-batch, --repeats times (median): no HF, no peers")

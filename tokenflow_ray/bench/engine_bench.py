@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tokenflow_ray.bench.roofline import model_roofline
-from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenflow_ray.engine.config import CPU_GEMMS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 
@@ -58,8 +58,8 @@ class EngineBenchConfig:
             raise ValueError("mixed token range: need 0 < min <= max")
         if self.peer not in (None, "vllm"):
             raise ValueError(f"peer: expected 'vllm', got {self.peer!r}")
-        if self.cpu_gemm not in ("auto", "tokenflow", "onednn"):
-            raise ValueError(f"cpu_gemm: expected auto, tokenflow or onednn, got {self.cpu_gemm!r}")
+        if self.cpu_gemm not in CPU_GEMMS:
+            raise ValueError(f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from tokenflow_ray.engine.policies import POLICY_NAMES, AndesConfig, TokenFlowConfig
 
 EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
+CPU_GEMMS = ("auto", "tokenflow", "onednn")  # ModelConfig.cpu_gemm (models/packed_linear.py)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -41,8 +42,7 @@ class ModelConfig:
                  f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
         _require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
-        _require(self.cpu_gemm in ("auto", "tokenflow", "onednn"),
-                 f"cpu_gemm: expected auto, tokenflow or onednn, got {self.cpu_gemm!r}")
+        _require(self.cpu_gemm in CPU_GEMMS, f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
         _require(self.attention_backend in ("auto", "flash", "sdpa", "cpu_paged"),
                  f"attention_backend: expected auto, flash, sdpa or cpu_paged, got {self.attention_backend!r}")
 

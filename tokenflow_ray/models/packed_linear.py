@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CPU_GEMMS = ("auto", "tokenflow", "onednn")
+from tokenflow_ray.engine.config import CPU_GEMMS
 
 
 def onednn_linear_available() -> bool:
@@ -23,20 +23,25 @@ def onednn_linear_available() -> bool:
         hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def _packed_gemm():
+    """The compiled panel GEMM (built once per machine, loaded once per process), or None."""
+    from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
+
+    return load_packed_gemm()
+
+
 def resolve_cpu_gemm(name: str = "auto") -> str | None:
     """The kernel `name` stands for on this machine: "tokenflow", "onednn", or None (neither: keep nn.Linear).
     A named kernel that cannot run here falls back to the other one."""
-    from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
-
     if name not in CPU_GEMMS:
         raise ValueError(f"cpu_gemm: expected one of {CPU_GEMMS}, got {name!r}")
     if name != "onednn":
-        gemm = load_packed_gemm()
+        gemm = _packed_gemm()
         if gemm is not None and (name == "tokenflow" or gemm.lanes() == 16):
             return "tokenflow"
     if onednn_linear_available():
         return "onednn"
-    return "tokenflow" if load_packed_gemm() is not None else None
+    return "tokenflow" if _packed_gemm() is not None else None
 
 
 class PackedLinear(nn.Module):
@@ -47,12 +52,10 @@ class PackedLinear(nn.Module):
         weight = linear.weight.detach()
         self.kernel = kernel
         if kernel == "tokenflow":
-            from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
-
-            self._gemm = load_packed_gemm()
-            if self._gemm is None:
+            gemm = _packed_gemm()
+            if gemm is None:
                 raise RuntimeError("the packed GEMM kernel did not build here (see the log); use kernel='onednn'")
-            packed = self._gemm.pack(weight.float().contiguous())
+            packed = gemm.pack(weight.float().contiguous())
         else:
             # The hint only picks the packing format; any number of rows works at run time.
             args = (weight,) if batch_hint is None else (weight, batch_hint)
@@ -66,7 +69,7 @@ class PackedLinear(nn.Module):
         # The op and both tensors as plain attributes: a decode step makes 25 of these calls, and the module's
         # __getattr__ for each buffer and the torch.ops namespace lookups cost more than the call's Python.
         # Rebound whenever the buffers are replaced (`_apply`: .to(), .cpu(), ...).
-        op = self._gemm.linear if self.kernel == "tokenflow" else torch.ops.mkldnn._linear_pointwise
+        op = _packed_gemm().linear if self.kernel == "tokenflow" else torch.ops.mkldnn._linear_pointwise
         self.__dict__["_call"] = (op, self.packed_weight, self.bias)
 
     def _apply(self, fn, recurse=True):

@@ -88,12 +88,15 @@ def drop_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_S
 def load_paged_decode_attention(lanes: int | None = None) -> ModuleType | None:
     """`lanes`: None builds for this CPU's vector width (16 floats with AVX-512, 8 otherwise); 8 or 16 forces one,
     so the tests run both kernels on any x86 CPU (a 16-lane build runs on AVX2 too, as pairs of halves)."""
+    return _build_for_lanes("tokenflow_paged_decode_attention", SOURCE, "decode attention (gather + SDPA)", lanes)
+
+
+def _build_for_lanes(name: str, source: Path, what: str, lanes: int | None) -> ModuleType | None:
     if lanes is None:
-        return _build("tokenflow_paged_decode_attention", SOURCE, "decode attention (gather + SDPA)")
+        return _build(name, source, what)
     if lanes not in (8, 16):
         raise ValueError(f"lanes: 8 or 16, got {lanes!r}")
-    return _build(f"tokenflow_paged_decode_attention_l{lanes}", SOURCE, "decode attention (gather + SDPA)",
-                  (f"-DTOKENFLOW_LANES={lanes}",))
+    return _build(f"{name}_l{lanes}", source, what, (f"-DTOKENFLOW_LANES={lanes}",))
 
 
 @functools.cache
@@ -107,12 +110,7 @@ def load_fused_ops() -> ModuleType | None:
 def load_packed_gemm(lanes: int | None = None) -> ModuleType | None:
     """The linear layers' GEMM over packed column panels (csrc/packed_gemm.cpp). `lanes` as for the attention kernel:
     None builds for this CPU's vector width, 8 or 16 forces one (the tests run both)."""
-    if lanes is None:
-        return _build("tokenflow_packed_gemm", GEMM_SOURCE, "the packed GEMM (oneDNN's linear)")
-    if lanes not in (8, 16):
-        raise ValueError(f"lanes: 8 or 16, got {lanes!r}")
-    return _build(f"tokenflow_packed_gemm_l{lanes}", GEMM_SOURCE, "the packed GEMM (oneDNN's linear)",
-                  (f"-DTOKENFLOW_LANES={lanes}",))
+    return _build_for_lanes("tokenflow_packed_gemm", GEMM_SOURCE, "the packed GEMM (oneDNN's linear)", lanes)
 
 
 def build_cpu_kernels() -> None:
