@@ -17,6 +17,7 @@ from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_t
 from tokenflow_ray.runner.attention import flash_attn_available, select_backend
 from tokenflow_ray.runner.cpu_kernels import build_cpu_kernels
 from tokenflow_ray.runner.kv_transfer import KVTransfer
+from tokenflow_ray.runner.malloc_tuning import tune_malloc_for_inference
 from tokenflow_ray.runner.sampler import sample
 from tokenflow_ray.runner.step_state import PersistentBatch
 
@@ -69,6 +70,8 @@ class TorchModelRunner:
             torch.set_num_threads(mc.num_threads)
         self._num_threads = torch.get_num_threads()
         self.device = device
+        if device.type == "cpu":
+            tune_malloc_for_inference()  # a step's activations from the heap, not re-faulted mmaps
         self.dtype = resolve_dtype(mc.dtype, self.device)
         self.model_dir = resolve_model_dir(mc.model)
         hf_config = load_hf_config(self.model_dir)
