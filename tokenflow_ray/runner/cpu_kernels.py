@@ -3,7 +3,8 @@ cached.
 
 torch's C++ extension loader compiles it on first use (20-30 s each here; the engine builds them two at a time)
 into its extensions folder ($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), and later processes (Serve
-replicas, tests) load the cached build. Without a C++ compiler the engine falls back to gather + SDPA and says so once in the log.
+replicas, tests) load the cached build. Without a C++ compiler the engine falls back to gather + SDPA, the reference
+small ops and oneDNN's linear, and says so once in the log.
 """
 
 from __future__ import annotations

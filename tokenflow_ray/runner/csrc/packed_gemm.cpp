@@ -18,7 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros.h>  // pack()'s zero-padded panels
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -68,9 +68,18 @@ inline void block(const float* x, int64_t ldx, const float* w, int64_t kn, float
       for (int j = 0; j < NV; ++j) acc[r][j] += a * wv[j];
     }
   }
-  if (bias != nullptr)
+  if (bias != nullptr) {  // the last chunk's: N floats, so the last panel's part goes through a scratch row
+    V bv[NV];
+    if (ncols == P) {
+      for (int j = 0; j < NV; ++j) bv[j] = loadv<V>(bias + j * L);
+    } else {
+      float row[P] = {};
+      std::memcpy(row, bias, ncols * sizeof(float));
+      for (int j = 0; j < NV; ++j) bv[j] = loadv<V>(row + j * L);
+    }
     for (int r = 0; r < R; ++r)
-      for (int j = 0; j < NV; ++j) acc[r][j] += loadv<V>(bias + j * L);
+      for (int j = 0; j < NV; ++j) acc[r][j] += bv[j];
+  }
   if (ncols == P) {
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < NV; ++j) storev(y + r * ldy + j * L, acc[r][j]);
@@ -120,14 +129,12 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& panels, int64_t N, c
   auto out_sizes = x_in.sizes().vec();
   out_sizes.back() = N;
   auto y = at::empty(out_sizes, x.options());
-  // The bias padded to whole panels, so the blocks add it with full-width loads.
-  at::Tensor bias_padded;
+  at::Tensor bias_c;
   const float* bias = nullptr;
   if (b.has_value() && b->defined()) {
     TORCH_CHECK(b->numel() == N && b->scalar_type() == at::kFloat, "bias: [N] float32");
-    bias_padded = at::zeros({NB * P}, x.options());
-    std::memcpy(bias_padded.data_ptr<float>(), b->contiguous().data_ptr<float>(), N * sizeof(float));
-    bias = bias_padded.data_ptr<float>();
+    bias_c = b->contiguous();  // a no-op for the layer's own bias: nothing allocated per call
+    bias = bias_c.data_ptr<float>();
   }
   if (M == 0) return y;
   const float* xp = x.data_ptr<float>();
