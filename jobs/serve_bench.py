@@ -40,12 +40,16 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    ray.init()  # inside a job: the job's cluster (RAY_ADDRESS)
+    # Inside a job: the job's cluster (RAY_ADDRESS). The job's output is the report, so the replicas' logs stay in the
+    # cluster's log files (`ray logs`, `serve` logs) instead of streaming here, where the log thread's lines landed
+    # inside the report's line.
+    ray.init(log_to_driver=False)
     report = run_burst_job(cfg)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(report, sort_keys=True), flush=True)
+    sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")  # one write: no other thread's text splits the line
+    sys.stdout.flush()
     return 0
 
 
