@@ -273,7 +273,7 @@ def machine_info() -> dict:
     import platform
     import subprocess
 
-    info: dict = {"cpu_count": os.cpu_count(), "machine": platform.machine()}
+    info: dict = {"cpu_count": os.cpu_count(), "machine": platform.machine(), **isa_in_use()}
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
@@ -286,3 +286,13 @@ def machine_info() -> dict:
     flags = next((ln for ln in out.splitlines() if ln.startswith("Flags:")), "")
     info["avx512"] = "avx512f" in flags.split()
     return info
+
+
+def isa_in_use() -> dict:
+    """What the run's kernels were allowed to use, which may be less than the CPU has: ATen's dispatch level
+    (ATEN_CPU_CAPABILITY caps it), oneDNN's cap (ONEDNN_MAX_CPU_ISA, read by both engines' oneDNN) and our kernels'
+    build target (TOKENFLOW_KERNEL_MARCH)."""
+    from tokenflow_ray.runner.cpu_kernels import kernel_march
+
+    return {"aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL"), "kernel_march": kernel_march()}

@@ -5,6 +5,9 @@ torch's C++ extension loader compiles it on first use (20-30 s each here; the en
 into its extensions folder ($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), and later processes (Serve
 replicas, tests) load the cached build. Without a C++ compiler the engine falls back to gather + SDPA, the reference
 small ops and oneDNN's linear, and says so once in the log.
+
+$TOKENFLOW_KERNEL_MARCH sets the compiler's target (default `native`): `x86-64-v3`, say, builds an AVX2 kernel that
+runs on every node of a cluster mixing AVX2 and AVX-512 CPUs, or measures the AVX2 path on an AVX-512 box.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import platform
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,11 +34,23 @@ GEMM_SOURCE = CSRC / "packed_gemm.cpp"
 # process killed by a signal (SIGTERM from `timeout`, SIGKILL) leaves that file behind: every later process, the
 # Serve replicas included, then hangs at its first engine. A lock this old has no live build behind it.
 STALE_BUILD_LOCK_S = 600.0
+MARCH_ENV = "TOKENFLOW_KERNEL_MARCH"
+
+
+def kernel_march() -> str:
+    """The builds' -march target: $TOKENFLOW_KERNEL_MARCH, default `native`."""
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", march):
+        raise ValueError(f"{MARCH_ENV}: a compiler -march name such as native or x86-64-v3, got {march!r}")
+    return march
 
 
 def _cpu_tag() -> str:
-    """Short hash of the CPU's feature flags: the build uses -march=native, so a cache folder shared between
-    different machines must not hand one CPU's build to another."""
+    """Short hash of the CPU's feature flags: a -march=native build in a cache folder shared between different
+    machines must not be handed from one CPU to another. A named target's build runs wherever that target does."""
+    march = kernel_march()
+    if march != "native":
+        return march.replace(".", "_").replace("+", "_").replace("-", "_")
     try:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
@@ -64,7 +81,7 @@ def _build(name: str, source: Path, what: str, extra_cflags: tuple[str, ...] = (
     try:
         drop_stale_build_lock(Path(_get_build_directory(full_name, verbose=False)))
         return load(name=full_name, sources=[str(source)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_cflags], extra_ldflags=["-fopenmp"],
+                    extra_cflags=["-O3", f"-march={kernel_march()}", "-fopenmp", *extra_cflags], extra_ldflags=["-fopenmp"],
                     verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:  # a failed build must not take the engine down
         log.warning("building the CPU kernel for %s failed (%s); falling back to torch ops", what, exc)
