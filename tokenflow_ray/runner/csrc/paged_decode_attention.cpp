@@ -97,8 +97,8 @@ struct Shape {
 // Wide: the group's C x GB accumulators would not fit AVX2's 16 registers (a 64-wide head is 8 of them alone).
 // Its chunks loop head by head, and accumulator by accumulator through the chunk's tokens, so a few registers are
 // live at a time and the rest wait in L1; every head's arithmetic, and its order, is the narrow loops'. Groups of
-// several heads still pass over a stream's blocks once: one head at a time took three passes, the later two from
-// L2, and a 64-wide head's attention ran at 1.7x the 16-lane kernel's time.
+// several heads still pass over a stream's blocks once: one head at a time took G passes, and on the kernel alone
+// (32 streams of 64-194 tokens, G = 3) a 64-wide layer took 0.12-0.14 ms against 0.08-0.09 now, 0.058 at 16 lanes.
 template <int L, int C, int GB>
 constexpr bool Wide = L == 8 && C * GB > 8;
 
