@@ -12,6 +12,7 @@ import torch
 
 from tokenflow_ray.engine.plan import BlockCopy, StepPlan
 from tokenflow_ray.runner.cuda_copies import CudaBlockCopier
+from tokenflow_ray.runner.kv_pool import KVPool
 
 
 class FakeCuda:
@@ -64,8 +65,10 @@ class _Event:
 
 def test_ordering_and_roundtrip():
     cuda = FakeCuda()
-    kv = torch.randn(2, 2, 12, 4, 2, 8)
-    copier = CudaBlockCopier(kv, num_host_blocks=8, cuda=cuda, pin_memory=False)
+    pool = KVPool(2, 12, 4, 2, 8, torch.float32, torch.device("cpu"), layout="block_major")
+    pool.tensor.normal_()
+    kv = pool.tensor
+    copier = CudaBlockCopier(pool, num_host_blocks=8, cuda=cuda, pin_memory=False)
     evict, load = copier.evict_stream.name, copier.load_stream.name
     out = StepPlan(0, write_through=(BlockCopy("a", 0, 0),),
                    swap_out=(BlockCopy("b", 3, 3), BlockCopy("b", 4, 4), BlockCopy("c", 5, 5)))
@@ -82,7 +85,7 @@ def test_ordering_and_roundtrip():
     assert synced == {h.i for h in handle.tails.values()}  # the host waits for the tails only
     assert set(timing.swap_out_done) == {"b", "c"} and timing.num_blocks == 4 and timing.copy_s > 0
     for c in (*out.write_through, *out.swap_out):
-        assert torch.equal(copier.host_kv[c.host_block], kv[:, :, c.device_block])
+        assert torch.equal(copier.host_kv[c.host_block], kv[c.device_block])
 
     cuda.log.clear()
     back = StepPlan(1, swap_in=tuple(BlockCopy("b", 8 + i, h) for i, h in enumerate((3, 4, 5, 0))))
@@ -90,4 +93,4 @@ def test_ordering_and_roundtrip():
     assert ("wait", load, "compute") in cuda.log and ("wait", load, evict) in cuda.log
     first_load_record = next(i for i, e in enumerate(cuda.log) if e[0] == "record" and e[2] == load)
     assert cuda.log.index(("wait", load, evict)) < first_load_record  # host blocks written before they are read
-    assert torch.equal(kv[:, :, 8:11], kv[:, :, 3:6]) and torch.equal(kv[:, :, 11], kv[:, :, 0])
+    assert torch.equal(kv[8:11], kv[3:6]) and torch.equal(kv[11], kv[0])

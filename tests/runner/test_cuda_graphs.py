@@ -32,25 +32,26 @@ def test_padded_graph_step_equals_the_eager_step(tiny_llama_dir, d):
                                                              device="cpu"),
                                            cache=CacheConfig(block_size=bs, num_device_blocks=32)))
     torch.manual_seed(0)
-    runner.kv_cache.normal_()
-    kv_ref = runner.kv_cache.clone()
+    runner.kv.tensor.normal_()
+    kv_ref = runner.kv.tensor.clone()
+    ref_layers = tuple((kv_ref[i, 0], kv_ref[i, 1]) for i in range(kv_ref.shape[0]))  # layer-major on CPU
     model, backend = runner.model, runner.backend
 
-    def forward(ids, pos, meta, kv=runner.kv_cache):
+    def forward(ids, pos, meta, kv=runner.kv.layers):
         return model(ids, pos, kv, meta, backend)
 
     with torch.inference_mode():
         graphs = DecodeGraphs(forward, sizes=(2, 4, 8), max_blocks_per_seq=8, block_size=bs, scratch_block=0,
                               device=torch.device("cpu"), scale=0.25, table_dtype=torch.long,
                               capture=eager_capture)
-        runner.kv_cache.copy_(kv_ref)  # capture's warm-up wrote the scratch block only; start both from one state
+        runner.kv.tensor.copy_(kv_ref)  # capture's warm-up wrote the scratch block only; start both from one state
         ids, pos, meta = _decode_batch(d, bs, seed=d)
-        want = forward(ids, pos, meta, kv=kv_ref)
+        want = forward(ids, pos, meta, kv=ref_layers)
         got = graphs.run(ids, pos, meta)
     assert graphs.padded_size(d) == next(b for b in (2, 4, 8) if b >= d)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    changed = (runner.kv_cache != kv_ref).flatten(3).any(-1).any(0).any(0)  # [blocks, block_size]
+    changed = (runner.kv.tensor != kv_ref).flatten(3).any(-1).any(0).any(0)  # [blocks, block_size]
     changed[0] = False  # the scratch block is the padding rows'
     assert not changed.any()
     assert graphs.padded_size(9) is None and graphs.run(*_decode_batch(9, bs, seed=9)) is None

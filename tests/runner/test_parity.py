@@ -42,10 +42,10 @@ def _hf_reference(model_dir, prompts, n=NEW_TOKENS):
 
 
 def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16, fused=True,
-            overlap=False, gemm="auto"):
+            overlap=False, gemm="auto", layout="auto"):
     return LLMEngine.from_config(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", fused_cpu_ops=fused, cpu_gemm=gemm),
-        cache=CacheConfig(block_size=block_size, num_device_blocks=blocks),
+        cache=CacheConfig(block_size=block_size, num_device_blocks=blocks, kv_layout=layout),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked),
         overlap_scheduling=overlap))
 
@@ -69,19 +69,22 @@ def _run(engine, prompts, join_at: dict[int, int] | None = None) -> list[list[in
     return [tokens[ids[i]] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("ops", ["fused", "reference", "fused_overlapped", "fused_onednn"])
+@pytest.mark.parametrize("ops", ["fused", "reference", "fused_overlapped", "fused_onednn", "block_major"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
 @pytest.mark.parametrize("mode", ["batched", "chunked_small_budget", "unchunked", "join_mid_batch",
                                   "preempt_recompute"])
 def test_greedy_matches_hf_generate(model, mode, ops, request):
     """`fused`: the C++ small ops (the default on CPU fp32); `reference`: one torch op per step of HF's math;
     `fused_overlapped`: with overlapped scheduling (each step planned while the one before runs); `fused_onednn`:
-    the linear layers on oneDNN's GEMM rather than the default (the panel GEMM on AVX-512 CPUs)."""
+    the linear layers on oneDNN's GEMM rather than the default (the panel GEMM on AVX-512 CPUs); `block_major`:
+    the KV pool in CUDA's layout (a block of every layer contiguous, each layer's view strided), which the CPU's
+    compiled kernels do not read, so the reference ops and SDPA run over it."""
     model_dir = request.getfixturevalue(model)
     prompts = _prompts()
     refs = _hf_reference_cached(str(model_dir), tuple(map(tuple, prompts)))
     kw = dict(fused=ops != "reference", overlap=ops == "fused_overlapped",
-              gemm="onednn" if ops == "fused_onednn" else "auto")
+              gemm="onednn" if ops == "fused_onednn" else "auto",
+              layout="block_major" if ops == "block_major" else "auto")
     if mode == "batched":
         engine, join = _engine(model_dir, **kw), None
     elif mode == "chunked_small_budget":
@@ -92,7 +95,11 @@ def test_greedy_matches_hf_generate(model, mode, ops, request):
         engine, join = _engine(model_dir, budget=32, **kw), {2: 5, 3: 9, 4: 17}
     else:  # a pool too small for all streams at full length: recompute preemption must happen
         engine, join = _engine(model_dir, blocks=14, block_size=8, budget=64, **kw), None
-    assert engine.runner.fused_ops == (ops != "reference") or not compiler_available()
+    assert engine.runner.kv.block_major == (ops == "block_major")
+    if ops == "block_major":
+        assert engine.runner.backend.name == "sdpa" and not engine.runner.fused_ops
+        assert not engine.runner.kv.layers[0][0].is_contiguous()  # strided over blocks, as on CUDA
+    assert engine.runner.fused_ops == (ops not in ("reference", "block_major")) or not compiler_available()
     assert engine.runner.gemm == resolve_cpu_gemm(kw["gemm"])
     assert _run(engine, prompts, join) == refs
 

@@ -11,24 +11,28 @@ from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 
 
-def _engine(model_dir, overlap=True, write_through=True, host=256, resume="load", overlap_scheduling=False):
+def _engine(model_dir, overlap=True, write_through=True, host=256, resume="load", overlap_scheduling=False,
+            layout="auto"):
     return LLMEngine.from_config(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu"),
         cache=CacheConfig(block_size=8, num_device_blocks=96, num_host_blocks=host, overlap_copies=overlap,
-                          write_through=write_through, resume_mode=resume),
+                          write_through=write_through, resume_mode=resume, kv_layout=layout),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, policy="tokenflow"),
         overlap_scheduling=overlap_scheduling))
 
 
 @pytest.mark.parametrize("mode", ["reload_overlap", "reload_blocking", "write_on_preempt", "recompute",
-                                  "reload_overlap_scheduling", "recompute_overlap_scheduling"])
+                                  "reload_overlap_scheduling", "recompute_overlap_scheduling",
+                                  "reload_block_major"])
 def test_paused_and_resumed_streams_match_hf(tiny_llama_dir, mode):
-    """`*_overlap_scheduling`: pauses land between calls while a step is in flight (overlapped scheduling)."""
+    """`*_overlap_scheduling`: pauses land between calls while a step is in flight (overlapped scheduling);
+    `reload_block_major`: the pool and the host store in CUDA's block-major layout (one contiguous region a block)."""
     prompts = _prompts()
     refs = _hf_reference_cached(str(tiny_llama_dir), tuple(map(tuple, prompts)))
     engine = _engine(tiny_llama_dir, overlap=mode != "reload_blocking", write_through=mode != "write_on_preempt",
                      resume="recompute" if mode.startswith("recompute") else "load",
-                     overlap_scheduling=mode.endswith("overlap_scheduling"))
+                     overlap_scheduling=mode.endswith("overlap_scheduling"),
+                     layout="block_major" if mode.endswith("block_major") else "auto")
     sp = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     ids = [engine.add_request(p, sp, rate=5.0) for p in prompts]
     tokens: dict[str, list[int]] = {}
@@ -57,8 +61,8 @@ def test_write_through_copies_real_kv(tiny_llama_dir):
     assert stream.num_host_tokens >= 32
     runner = engine.runner
     for i in range(stream.num_host_tokens // 8):
-        dev = runner.kv_cache[:, :, stream.block_ids[i]]
-        host = runner.transfer.host_kv[:, :, stream.host_block_ids[i]]
+        dev = runner.kv.block(stream.block_ids[i])
+        host = runner.transfer.host_block(stream.host_block_ids[i])
         assert torch.equal(dev, host) and host.abs().sum() > 0
 
 

@@ -9,6 +9,7 @@ from tokenflow_ray.engine.policies import POLICY_NAMES, AndesConfig, TokenFlowCo
 
 EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
 CPU_GEMMS = ("auto", "tokenflow", "onednn")  # ModelConfig.cpu_gemm (models/packed_linear.py)
+KV_LAYOUTS = ("auto", "layer_major", "block_major")  # CacheConfig.kv_layout (runner/kv_pool.py)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -56,8 +57,12 @@ class CacheConfig:
     overlap_copies: bool = True  # copies run beside the model step (False: before it, blocking)
     write_budget_fraction: float = 0.8  # write-through bytes per step: this share of (step time x copy bandwidth)
     resume_mode: str = "auto"  # how a paused stream comes back: auto (cheaper of load and recompute), load, recompute
+    # The device pool's layout (runner/kv_pool.py). auto: block-major on CUDA (a block of every layer is one
+    # contiguous region, one DMA to the host), layer-major on CPU (the compiled CPU kernels read a layer in place).
+    kv_layout: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(self.kv_layout in KV_LAYOUTS, f"kv_layout: expected one of {KV_LAYOUTS}, got {self.kv_layout!r}")
         _require(self.resume_mode in ("auto", "load", "recompute"),
                  f"resume_mode: expected auto, load or recompute, got {self.resume_mode!r}")
         _require(0 < self.write_budget_fraction <= 4, "write_budget_fraction: must be in (0, 4]")

@@ -12,7 +12,7 @@ SiLU·mul each one kernel, the residual stream carried in place between layers (
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,9 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x_TH: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor, kv_cache: torch.Tensor,
-                attn: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, x_TH: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
         h_TH = F.rms_norm(x_TH, x_TH.shape[-1:], self.input_norm, self.eps)
         qkv = self.qkv(h_TH)
         T = qkv.shape[0]
@@ -146,9 +147,11 @@ class LlamaForPagedLM(nn.Module):
         self.rope_cos = (emb.cos() * scaling).to(dtype)
         self.rope_sin = (emb.sin() * scaling).to(dtype)
 
-    def forward(self, input_ids_T: torch.Tensor, positions_T: torch.Tensor, kv_caches: torch.Tensor,
-                attn: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm. kv_caches: [layers, 2, blocks, block_size, kv_heads, D]."""
+    def forward(self, input_ids_T: torch.Tensor, positions_T: torch.Tensor,
+                kv_layers: Sequence[tuple[torch.Tensor, torch.Tensor]], attn: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm. kv_layers: each layer's (K, V) pool views, [blocks,
+        block_size, kv_heads, head_dim] each (`KVPool.layers`; strided over blocks in the block-major layout)."""
         x_TH = self.embed(input_ids_T)
         ops = self.fused_ops
         if ops is not None:
@@ -157,22 +160,13 @@ class LlamaForPagedLM(nn.Module):
             attn.kv_written = True
             delta = x_TH.new_empty(0)
             cos, sin = self.rope_cos, self.rope_sin
-            for layer, kv in zip(self.layers, self._layer_caches(kv_caches)):
+            for layer, kv in zip(self.layers, kv_layers):
                 delta = layer.forward_fused(delta, x_TH, positions_T, cos, sin, kv, attn, backend, ops)
             return ops.add_rms_norm_(delta, x_TH, self.norm, self.config.rms_norm_eps)
         cos_TD, sin_TD = self.rope_cos[positions_T], self.rope_sin[positions_T]
-        for i, layer in enumerate(self.layers):
-            x_TH = layer(x_TH, cos_TD, sin_TD, kv_caches[i], attn, backend)
+        for layer, kv in zip(self.layers, kv_layers):
+            x_TH = layer(x_TH, cos_TD, sin_TD, kv, attn, backend)
         return F.rms_norm(x_TH, x_TH.shape[-1:], self.norm, self.config.rms_norm_eps)
-
-    def _layer_caches(self, kv_caches: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Each layer's (K pool, V pool) views of the runner's one KV tensor, made once for that tensor (three view
-        ops a layer a step otherwise)."""
-        cached = self.__dict__.get("_kv_views")
-        if cached is None or cached[0] is not kv_caches:
-            cached = (kv_caches, tuple((kv_caches[i, 0], kv_caches[i, 1]) for i in range(kv_caches.shape[0])))
-            self.__dict__["_kv_views"] = cached
-        return cached[1]
 
     def prepack_for_cpu(self, gemm: str = "auto") -> str | None:
         """Swap every linear layer (lm_head too) for one with its weight packed once for a CPU GEMM kernel: about 2x

@@ -60,12 +60,19 @@ class AttentionBackend(Protocol):
 
 def write_kv(k_THD: torch.Tensor, v_THD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              meta: AttentionMetadata) -> None:
-    """k_cache/v_cache: [blocks, block_size, kv_heads, head_dim]; flattened, a slot is one row."""
+    """k_cache/v_cache: [blocks, block_size, kv_heads, head_dim]. A layer-major pool flattens to one row per slot;
+    a block-major pool's layer view is strided over blocks, so its slots are indexed as (block, offset)."""
     if meta.kv_written:
         return
     slot_mapping = meta.slot_mapping
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k_THD)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v_THD)
+    if k_cache.is_contiguous():
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k_THD)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v_THD)
+        return
+    bs = k_cache.shape[1]
+    block, offset = slot_mapping // bs, slot_mapping % bs
+    k_cache[block, offset] = k_THD
+    v_cache[block, offset] = v_THD
 
 
 class SdpaPagedAttention:
@@ -180,9 +187,9 @@ def flash_attn_available() -> bool:
 
 
 def select_backend(device: torch.device, block_size: int, prefer: str = "auto",
-                   dtype: torch.dtype = torch.float32) -> AttentionBackend:
+                   dtype: torch.dtype = torch.float32, contiguous_layers: bool = True) -> AttentionBackend:
     """CUDA: flash-attn when importable and the block size suits its paged kernel. CPU float32: the compiled paged
-    decode kernel when it builds. SDPA otherwise."""
+    decode kernel when it builds and the pool's layers are contiguous (layer-major). SDPA otherwise."""
     if prefer not in ("auto", "flash", "sdpa", "cpu_paged"):
         raise ValueError(f"attention_backend: unknown backend {prefer!r}")
     if prefer == "sdpa":
@@ -190,6 +197,10 @@ def select_backend(device: torch.device, block_size: int, prefer: str = "auto",
     if device.type != "cuda":
         if prefer == "flash":
             raise ValueError("attention_backend: flash-attn needs a CUDA device")
+        if not contiguous_layers:
+            if prefer == "cpu_paged":
+                raise ValueError("attention_backend: cpu_paged needs the layer-major KV layout")
+            return SdpaPagedAttention()
         return _cpu_backend(dtype, required=prefer == "cpu_paged")
     if prefer == "cpu_paged":
         raise ValueError("attention_backend: cpu_paged runs on CPU only")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tokenflow_ray.engine.plan import BlockCopy, StepPlan
+from tokenflow_ray.runner.kv_pool import KVPool
 
 
 @dataclass
@@ -46,15 +47,14 @@ class CudaCopyHandle:
 
 
 class CudaBlockCopier:
-    def __init__(self, device_kv: torch.Tensor, num_host_blocks: int, cuda: Any = None,
-                 pin_memory: bool = True) -> None:
+    def __init__(self, pool: KVPool, num_host_blocks: int, cuda: Any = None, pin_memory: bool = True) -> None:
         self.cuda = cuda if cuda is not None else torch.cuda
-        self.device_kv = device_kv  # [layers, 2, blocks, block_size, kv_heads, head_dim]
-        L, two, _, bs, kvh, hd = device_kv.shape
-        self.host_kv = torch.zeros((num_host_blocks, L, two, bs, kvh, hd), dtype=device_kv.dtype,
-                                   pin_memory=pin_memory)
-        self.block_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
-        dev = device_kv.device
+        self.pool = pool
+        self.device_kv = pool.tensor
+        self.host_kv = torch.zeros((num_host_blocks, pool.num_layers, 2, pool.block_size, pool.kv_heads,
+                                    pool.head_dim), dtype=pool.dtype, pin_memory=pin_memory)
+        self.block_bytes = pool.block_bytes
+        dev = pool.device
         self.evict_stream = self.cuda.Stream(device=dev)
         self.load_stream = self.cuda.Stream(device=dev)
 
@@ -72,11 +72,11 @@ class CudaBlockCopier:
                 handle.start.record(self.evict_stream)
                 for sid, tail in _by_stream_shortest_first(plan.swap_out):
                     for c in tail:
-                        self.host_kv[c.host_block].copy_(self.device_kv[:, :, c.device_block], non_blocking=True)
+                        self.host_kv[c.host_block].copy_(self.pool.block(c.device_block), non_blocking=True)
                     event = handle.tails[sid] = self._event()
                     event.record(self.evict_stream)
                 for c in plan.write_through:
-                    self.host_kv[c.host_block].copy_(self.device_kv[:, :, c.device_block], non_blocking=True)
+                    self.host_kv[c.host_block].copy_(self.pool.block(c.device_block), non_blocking=True)
                 handle.evict_end = self._event()
                 handle.evict_end.record(self.evict_stream)
             if plan.swap_in:
@@ -86,7 +86,7 @@ class CudaBlockCopier:
                     handle.load_start = self._event()
                     handle.load_start.record(self.load_stream)
                     for c in plan.swap_in:
-                        self.device_kv[:, :, c.device_block].copy_(self.host_kv[c.host_block], non_blocking=True)
+                        self.pool.block(c.device_block).copy_(self.host_kv[c.host_block], non_blocking=True)
                     handle.load_end = self._event()
                     handle.load_end.record(self.load_stream)
         return handle

@@ -11,6 +11,7 @@ import time
 import torch
 
 from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+from tokenflow_ray.runner.kv_pool import KVPool
 
 
 def _random_paged_batch(device: torch.device, dtype: torch.dtype, block_size: int = 256, heads: int = 32,
@@ -61,8 +62,9 @@ def kv_transfer_roundtrip(device: str = "cuda", overlap: bool = True) -> dict:
     from tokenflow_ray.runner.kv_transfer import KVTransfer
 
     dev = torch.device(device)
-    kv = torch.randn(2, 2, 16, 4, 2, 8, device=dev)
-    transfer = KVTransfer(kv, num_host_blocks=16, overlap=overlap)
+    pool = KVPool(2, 16, 4, 2, 8, torch.float32, dev)
+    pool.tensor.normal_()
+    transfer = KVTransfer(pool, num_host_blocks=16, overlap=overlap)
     try:
         out = StepPlan(step_id=0, write_through=(BlockCopy("a", 0, 0), BlockCopy("a", 1, 1)),
                        swap_out=(BlockCopy("a", 2, 2), BlockCopy("b", 3, 3), BlockCopy("b", 4, 4)))
@@ -71,7 +73,8 @@ def kv_transfer_roundtrip(device: str = "cuda", overlap: bool = True) -> dict:
         transfer.wait(transfer.launch(back))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        max_abs = float((kv[:, :, 8:13] - kv[:, :, 0:5]).abs().max())
+        loaded, sources = pool.blocks(torch.arange(8, 13, device=dev)), pool.blocks(torch.arange(0, 5, device=dev))
+        max_abs = float((loaded - sources).abs().max())
         return {"max_abs": max_abs, "tails_timed": sorted(timing.swap_out_done), "blocks": timing.num_blocks}
     finally:
         transfer.close()
@@ -127,8 +130,9 @@ def llama8b_step_time(device: str = "cuda", batch: int = 32, context: int = 1024
     model.build_rope_tables(8192, dev)
     block = 256
     nblocks = batch * (-(-context // block)) + 1  # the last one is spare: the CUDA graph's padding writes there
-    kv = torch.zeros(32, 2, nblocks, block, 8, 128, dtype=torch.bfloat16, device=dev)
-    attn = select_backend(dev, block, backend)
+    pool = KVPool(32, nblocks, block, 8, 128, torch.bfloat16, dev)
+    kv = pool.layers
+    attn = select_backend(dev, block, backend, contiguous_layers=not pool.block_major)
     width = -(-context // block)
     tables = torch.arange(batch * width, device=dev).view(batch, width)
     lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
@@ -196,8 +200,9 @@ def kv_copy_overlap(device: str = "cuda", blocks: int = 16) -> dict:
     from tokenflow_ray.runner.kv_transfer import KVTransfer
 
     dev = torch.device(device)
-    kv = torch.randn(32, 2, 4 * blocks, 256, 8, 128, device=dev, dtype=torch.bfloat16)
-    transfer = KVTransfer(kv, num_host_blocks=2 * blocks)
+    pool = KVPool(32, 4 * blocks, 256, 8, 128, torch.bfloat16, dev)
+    pool.tensor.normal_()
+    transfer = KVTransfer(pool, num_host_blocks=2 * blocks)
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     plan = StepPlan(0, write_through=tuple(BlockCopy("a", i, i) for i in range(blocks)),
                     swap_in=tuple(BlockCopy("b", 2 * blocks + i, blocks + i) for i in range(blocks)))
@@ -226,8 +231,9 @@ def kv_copy_overlap(device: str = "cuda", blocks: int = 16) -> dict:
     t_compute = timed(compute)
     t_copy = timed(lambda: transfer.wait(transfer.launch(plan)))
     t_both = timed(both)
-    roundtrip = float((kv[:, :, 2 * blocks:3 * blocks].float() - transfer.host_kv[blocks:2 * blocks]
-                       .transpose(0, 1).transpose(1, 2).to(dev).float()).abs().max())
+    loaded = pool.blocks(torch.arange(2 * blocks, 3 * blocks, device=dev))
+    host = torch.stack([transfer.host_block(blocks + i) for i in range(blocks)]).to(dev)
+    roundtrip = float((loaded.float() - host.float()).abs().max())
     return {"compute_s": t_compute, "copy_s": t_copy, "both_s": t_both, "launch_ms": launch_s[-1] * 1e3,
             "overlap_fraction": (t_compute + t_copy - t_both) / min(t_compute, t_copy),
             "copy_gb_s": 2 * blocks * transfer.block_bytes / t_copy / 1e9, "load_matches_host_max_abs": roundtrip}

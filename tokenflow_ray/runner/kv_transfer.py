@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from tokenflow_ray.engine.plan import BlockCopy, StepPlan
+from tokenflow_ray.runner.kv_pool import KVPool
 
 
 @dataclass(frozen=True)
@@ -33,22 +34,27 @@ class CopyTiming:
 
 
 class KVTransfer:
-    def __init__(self, device_kv: torch.Tensor, num_host_blocks: int, overlap: bool = True) -> None:
-        self.device_kv = device_kv  # [layers, 2, blocks, block_size, kv_heads, head_dim]
-        shape = list(device_kv.shape)
-        shape[2] = num_host_blocks
-        self.block_bytes = device_kv[:, :, 0].numel() * device_kv.element_size()
+    def __init__(self, pool: KVPool, num_host_blocks: int, overlap: bool = True) -> None:
+        self.pool = pool
+        self.device_kv = pool.tensor
+        self.block_bytes = pool.block_bytes
         self.overlap = overlap
         self._np = None  # CPU: numpy views of both pools, made on first use
         self._cuda = None
-        if device_kv.device.type == "cuda":
+        # The host store has the device pool's layout (block-major: [host_blocks, layers, 2, block_size, kv_heads,
+        # head_dim]; layer-major: [layers, 2, host_blocks, ...]), so a block copy is the same slicing on both.
+        self.host_block_major = pool.block_major
+        if pool.device.type == "cuda":
             from tokenflow_ray.runner.cuda_copies import CudaBlockCopier
 
-            self._cuda = CudaBlockCopier(device_kv, num_host_blocks)
-            self.host_kv = self._cuda.host_kv  # block-major: [host_blocks, layers, 2, block_size, kv_heads, hd]
+            self._cuda = CudaBlockCopier(pool, num_host_blocks)
+            self.host_kv = self._cuda.host_kv
+            self.host_block_major = True
             self._pool = None
             return
-        self.host_kv = torch.zeros(shape, dtype=device_kv.dtype)
+        shape = list(pool.tensor.shape)
+        shape[0 if pool.block_major else 2] = num_host_blocks
+        self.host_kv = torch.zeros(shape, dtype=pool.dtype)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-copy") if overlap else None
 
     def launch(self, plan: StepPlan):
@@ -70,25 +76,25 @@ class KVTransfer:
 
     def host_block(self, host_block: int) -> torch.Tensor:
         """One host block, [layers, 2, block_size, kv_heads, head_dim], whichever layout the pool has."""
-        return self.host_kv[host_block] if self._cuda is not None else self.host_kv[:, :, host_block]
+        return self.host_kv[host_block] if self.host_block_major else self.host_kv[:, :, host_block]
 
     def read_host_blocks(self, host_blocks: list[int]):
         """The KV of these host blocks as one numpy array, block-major ([n, layers, 2, block_size, kv_heads,
         head_dim]; bfloat16 as int16): what a migrated stream carries through Ray's object store."""
-        _, host_np = self._np_views()
-        if self._cuda is not None:
+        host_np = self._host_np()
+        if self.host_block_major:
             return host_np[host_blocks].copy()
         return np.ascontiguousarray(np.moveaxis(host_np[:, :, host_blocks], 2, 0))
 
     def write_host_blocks(self, host_blocks: list[int], data) -> None:
         """Store blocks that `read_host_blocks` of a runner with the same model and layout gave."""
-        _, host_np = self._np_views()
-        expected = (len(host_blocks),) + (host_np.shape[1:] if self._cuda is not None else
+        host_np = self._host_np()
+        expected = (len(host_blocks),) + (host_np.shape[1:] if self.host_block_major else
                                           host_np.shape[:2] + host_np.shape[3:])
         if tuple(data.shape) != expected or data.dtype != host_np.dtype:
             raise ValueError(f"KV blocks: got {data.dtype}{tuple(data.shape)}, this pool holds "
                              f"{host_np.dtype}{expected} (another model or block size?)")
-        if self._cuda is not None:
+        if self.host_block_major:
             host_np[host_blocks] = data
         else:
             host_np[:, :, host_blocks] = np.moveaxis(data, 0, 2)
@@ -115,24 +121,38 @@ class KVTransfer:
 
     def _to_host(self, copies: tuple[BlockCopy, ...]) -> None:
         dev_np, host_np = self._np_views()
+        if self.host_block_major:
+            for c in copies:  # one contiguous block each side
+                host_np[c.host_block] = dev_np[c.device_block]
+            return
         for c in copies:  # slice by slice: one pass over memory (fancy indexing gathers into a temporary)
             host_np[:, :, c.host_block] = dev_np[:, :, c.device_block]
 
     def _to_device(self, copies: tuple[BlockCopy, ...]) -> None:
         dev_np, host_np = self._np_views()
+        if self.host_block_major:
+            for c in copies:
+                dev_np[c.device_block] = host_np[c.host_block]
+            return
         for c in copies:
             dev_np[:, :, c.device_block] = host_np[:, :, c.host_block]
 
-    def _np_views(self):
-        """numpy views sharing the pools' memory (bfloat16 has no numpy dtype: viewed as 2-byte integers)."""
-        if self._np is None:
-            def view(t: torch.Tensor):
-                return (t.view(torch.int16) if t.element_size() == 2 else t).numpy()
+    def _host_np(self):
+        """A numpy view of the host store (pinned CPU memory on CUDA machines: numpy reads it in place)."""
+        return _np_view(self.host_kv)
 
-            self._np = (view(self.device_kv), view(self.host_kv))
+    def _np_views(self):
+        """numpy views sharing both pools' memory: the CPU copy path only (a CUDA pool has no numpy view)."""
+        if self._np is None:
+            self._np = (_np_view(self.device_kv), _np_view(self.host_kv))
         return self._np
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
+
+
+def _np_view(t: torch.Tensor):
+    """numpy sharing the tensor's memory (bfloat16 has no numpy dtype: viewed as 2-byte integers)."""
+    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy()

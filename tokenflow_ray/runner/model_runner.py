@@ -16,6 +16,7 @@ from tokenflow_ray.models.llama import LlamaForPagedLM
 from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
 from tokenflow_ray.runner.attention import flash_attn_available, select_backend
 from tokenflow_ray.runner.cpu_kernels import build_cpu_kernels
+from tokenflow_ray.runner.kv_pool import KVPool
 from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.malloc_tuning import tune_malloc_for_inference
 from tokenflow_ray.runner.sampler import sample
@@ -89,20 +90,21 @@ class TorchModelRunner:
             self.gemm = self.model.prepack_for_cpu(mc.cpu_gemm)
         max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
         self.model.build_rope_tables(max_len, self.device)
-        self.fused_ops = bool(mc.fused_cpu_ops) and self.model.use_fused_cpu_ops()
+        L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
+        backend_name = attention_backend or mc.attention_backend
+        # One block past the engine's pool is scratch: no stream owns it, so padding rows (CUDA graphs, warm-up)
+        # may write their KV there.
+        self.kv = KVPool(L, cc.num_device_blocks + 1, cc.block_size, kvh, hd, self.dtype, self.device,
+                         cc.kv_layout)
+        # The compiled CPU kernels (fused ops, the paged decode kernel) read a layer's K/V contiguous.
+        self.fused_ops = bool(mc.fused_cpu_ops) and not self.kv.block_major and self.model.use_fused_cpu_ops()
         # A greedy step's tokens from the compiled kernel (float32 CPU logits) rather than argmax + tolist.
         self._argmax_rows = self.model.fused_ops.argmax_rows if self.fused_ops else None
         self.block_size = cc.block_size
-        L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
-        # One tensor for the whole pool: [layers, K/V, blocks, block_size, kv_heads, head_dim]. A block's KV for
-        # every layer is one index away, which is what host spill copies want.
-        self.backend = select_backend(self.device, cc.block_size, attention_backend or mc.attention_backend,
-                                      self.dtype)
-        # CUDA graphs for decode steps (flash-attn reads lengths and tables from tensors, so it can be captured);
-        # their padding rows write into one extra pool block that no stream owns.
+        self.backend = select_backend(self.device, cc.block_size, backend_name, self.dtype,
+                                      contiguous_layers=not self.kv.block_major)
+        # CUDA graphs for decode steps (flash-attn reads lengths and tables from tensors, so it can be captured).
         use_graphs = self.device.type == "cuda" and self.backend.name == "flash"
-        self.kv_cache = torch.zeros((L, 2, cc.num_device_blocks + use_graphs, cc.block_size, kvh, hd),
-                                    dtype=self.dtype, device=self.device)
         self.batch = PersistentBatch(config.scheduler.max_num_seqs + 8,
                                      min(-(-max_len // cc.block_size), cc.num_device_blocks), cc.block_size,
                                      self.device, torch.int32 if self.backend.name == "flash" else torch.long,
@@ -115,21 +117,21 @@ class TorchModelRunner:
             sizes = [b for b in DEFAULT_SIZES if b < config.scheduler.max_num_seqs] + [config.scheduler.max_num_seqs]
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(
-                    lambda ids, pos, meta: self.model(ids, pos, self.kv_cache, meta, self.backend), sizes,
+                    lambda ids, pos, meta: self.model(ids, pos, self.kv.layers, meta, self.backend), sizes,
                     self.batch.tables.shape[1], cc.block_size, scratch_block=cc.num_device_blocks,
                     device=self.device, scale=hd ** -0.5)
-        self.transfer = KVTransfer(self.kv_cache, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
+        self.transfer = KVTransfer(self.kv, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
         self.scale = hd ** -0.5
         self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
                               eos_token_ids=_eos_ids(hf_config, self.tokenizer, self.model_dir),
-                              kv_bytes_per_token=L * 2 * kvh * hd * self.kv_cache.element_size())
+                              kv_bytes_per_token=self.kv.block_bytes // cc.block_size)
         self._default_gen = torch.Generator(device=self.device).manual_seed(mc.seed)
         self._generators: dict[str, torch.Generator] = {}
         self._params: dict[str, SamplingParams] = {}
         self._not_greedy: set[str] = set()  # streams that sample (temperature > 0): none, and a step is one argmax
         self._restored: dict[str, bytes] = {}  # imported streams' generator states, until first scheduled
-        log.info("loaded %s (%s, %s, %s attention, %s GEMM, %d KV blocks)", self.model_dir, self.device, self.dtype,
-                 self.backend.name, self.gemm or "default", cc.num_device_blocks)
+        log.info("loaded %s (%s, %s, %s attention, %s GEMM, %d KV blocks, %s)", self.model_dir, self.device,
+                 self.dtype, self.backend.name, self.gemm or "default", cc.num_device_blocks, self.kv.layout)
 
     def init_thread(self) -> None:
         """Called on the engine's runner thread (overlapped scheduling): torch's thread count is per thread."""
@@ -187,7 +189,7 @@ class TorchModelRunner:
         step = self.batch.inputs(plan, self.scale)
         hidden = self.graphs.run(step.input_ids, step.positions, step.meta) if self.graphs is not None else None
         if hidden is None:  # prefill or mixed steps, batches past the largest graph, and CPU
-            hidden = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend)
+            hidden = self.model(step.input_ids, step.positions, self.kv.layers, step.meta, self.backend)
         sampled: dict[str, int] = {}
         if step.sample_rows:
             rows = step.sample_rows
