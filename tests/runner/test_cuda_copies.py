@@ -196,3 +196,25 @@ def test_runs_of_consecutive_blocks_move_as_one_exact_copy(path):
     else:
         assert counted.n == 4
     assert not torch.equal(copier.host_kv[41], pool.block(20)) and not torch.equal(copier.host_kv[36], pool.block(16))
+
+
+@pytest.mark.parametrize("path", ["cpu", "per_block"])
+def test_the_bandwidth_check_for_a_gpu_session_runs_and_moves_exact_bytes(path):
+    from tokenflow_ray.runner.kv_copy_check import kv_copy_directions
+
+    out = kv_copy_directions("cpu", blocks=4, layers=2, block_size=4, kv_heads=2, head_dim=8, batch_memcpy=None,
+                             repeats=2, cuda=FakeCuda() if path == "per_block" else None)
+    assert out["exact"] and out["path"] == path and out["blocks"] == 4
+    assert all(out[f"{d}_gb_s"] > 0 and out[f"{d}_launch_ms"] >= 0 for d in ("d2h", "h2d", "both"))
+
+
+def test_the_environment_can_force_per_block_copies(monkeypatch):
+    cuda = FakeCuda()
+    pool = KVPool(2, 8, 4, 2, 8, torch.float32, torch.device("cpu"), layout="block_major")
+    monkeypatch.setenv("TOKENFLOW_KV_COPY", "per_block")
+    assert CudaBlockCopier(pool, 4, cuda=cuda).path == "per_block"
+    monkeypatch.setenv("TOKENFLOW_KV_COPY", "fast")
+    with pytest.raises(ValueError, match="TOKENFLOW_KV_COPY"):
+        CudaBlockCopier(pool, 4, cuda=cuda)
+    monkeypatch.setenv("TOKENFLOW_KV_COPY", "auto")
+    assert CudaBlockCopier(pool, 4, cuda=cuda).path == "per_block"  # auto on a CPU pool: no driver call

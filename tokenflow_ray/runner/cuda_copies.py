@@ -6,7 +6,8 @@ merged; one per layer piece on a layer-major pool) and enqueued with one `cuMemc
 group: the swap-out tails, then write-through, on the evict stream; the loads on the load stream. Copies stay on the
 copy engines (vLLM found DMA beats copy kernels end to end: kernels take SMs from the model). Where the batch call is
 unavailable or fails its start-up self-check, each run of blocks is one `copy_(..., non_blocking=True)` instead
-(the per-block path, obviously correct, and the one before this change). The path is logged at start.
+(the per-block path, obviously correct, and the one before this change). The path is logged at start;
+`TOKENFLOW_KV_COPY=per_block` in the environment forces the per-block path (default `auto`).
 
 Ordering is by stream waits and events only; the host never waits before the step's compute:
 - each side stream first waits for the compute stream (the KV earlier steps wrote) and for the other side stream's
@@ -27,6 +28,7 @@ Ordering is by stream waits and events only; the host never waits before the ste
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,8 @@ from tokenflow_ray.runner.host_store import PinnedHostStore
 from tokenflow_ray.runner.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
+
+KV_COPY_ENV = "TOKENFLOW_KV_COPY"  # auto (the batched call where it works) | per_block
 
 
 @dataclass
@@ -215,6 +219,11 @@ class CudaBlockCopier:
         if isinstance(batch_memcpy, str):
             if batch_memcpy != "auto":
                 raise ValueError(f"batch_memcpy: 'auto', None or a callable, got {batch_memcpy!r}")
+            choice = os.environ.get(KV_COPY_ENV, "auto").strip() or "auto"
+            if choice not in ("auto", "per_block"):
+                raise ValueError(f"${KV_COPY_ENV}: expected auto or per_block, got {choice!r}")
+            if choice == "per_block":
+                return None, f"${KV_COPY_ENV}=per_block"
             if self.pool.device.type != "cuda":
                 return None, "not a CUDA pool"
             index = self.pool.device.index
