@@ -28,6 +28,7 @@ import torch
 
 from tokenflow_ray.engine.plan import BlockCopy, StepPlan
 from tokenflow_ray.runner.copy_plan import CopyTiming, by_stream_shortest_first
+from tokenflow_ray.runner.cuda_copies import CudaBlockCopier
 from tokenflow_ray.runner.kv_pool import KVPool
 
 __all__ = ["CopyTiming", "KVTransfer"]
@@ -50,8 +51,6 @@ class KVTransfer:
         # head_dim]; layer-major: [layers, 2, host_blocks, ...]), so a block copy is the same slicing on both.
         self.host_block_major = pool.block_major
         if pool.device.type == "cuda" or cuda is not None:
-            from tokenflow_ray.runner.cuda_copies import CudaBlockCopier
-
             self._cuda = CudaBlockCopier(pool, num_host_blocks, cuda=cuda, batch_memcpy=batch_memcpy)
             self.host_kv = self._cuda.host_kv
             self.host_block_major = True
