@@ -72,3 +72,46 @@ def test_kv_transfer_roundtrip_of_the_gpu_check_runs_on_cpu(overlap):
 
     result = kv_transfer_roundtrip("cpu", overlap=overlap)
     assert result["max_abs"] == 0.0 and result["tails_timed"] == ["a", "b"] and result["blocks"] == 5
+
+
+def _cuda_path_transfer(layout, dtype, seed):
+    """A KVTransfer on the CUDA path (recording stand-ins; the batch call lands copies only when waited for, as a
+    GPU's land after the call returns) over a pool that refuses numpy views, as a CUDA tensor does."""
+    from tests.runner.fake_cuda import FakeCuda, NoNumpy, RecordingBatchMemcpy
+    from tokenflow_ray.runner.kv_pool import KVPool
+    from tokenflow_ray.runner.kv_transfer import KVTransfer
+
+    cuda = FakeCuda()
+    pool = KVPool(2, 16, 4, 2, 8, dtype, torch.device("cpu"), layout=layout)
+    pool.tensor.copy_(torch.randn(pool.tensor.shape, generator=torch.Generator().manual_seed(seed)))
+    pool.tensor = pool.tensor.as_subclass(NoNumpy)
+    transfer = KVTransfer(pool, 16, cuda=cuda, batch_memcpy=RecordingBatchMemcpy(cuda, pool.tensor, defer=True))
+    assert transfer.copy_path == "batch"
+    return transfer, pool, cuda
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("layout", ["block_major", "layer_major"])
+def test_migration_moves_host_blocks_of_a_cuda_pool_after_the_copies_land(layout, dtype):
+    """Export reads host blocks whose copies are still in flight and import writes host blocks that an earlier
+    owner's copy is still writing: both settle first, so what moves is exact and nothing lands on top of it."""
+    from tokenflow_ray.engine.plan import BlockCopy, StepPlan
+
+    src, src_pool, src_cuda = _cuda_path_transfer(layout, dtype, 0)
+    src.launch(StepPlan(0, write_through=(BlockCopy("a", 0, 3), BlockCopy("a", 1, 4)),
+                        swap_out=(BlockCopy("a", 2, 5),)))  # not joined: in flight, as after a GPU step's join
+    data = src.read_host_blocks([3, 4, 5])
+    assert ("stream_sync", src._cuda.evict_stream.name) in src_cuda.log
+    as_torch = torch.from_numpy(data).view(dtype) if dtype == torch.bfloat16 else torch.from_numpy(data)
+    assert torch.equal(as_torch, src_pool.blocks(torch.tensor([0, 1, 2])))
+
+    dst, dst_pool, _ = _cuda_path_transfer(layout, dtype, 1)
+    dst.launch(StepPlan(0, write_through=(BlockCopy("old", 9, 7), BlockCopy("old", 10, 8))))  # a freed owner's
+    dst.write_host_blocks([7, 8, 2], data)  # host blocks 7, 8 reused by the import while that copy is in flight
+    dst.wait(dst.launch(StepPlan(1, swap_in=(BlockCopy("a", 12, 7), BlockCopy("a", 13, 8), BlockCopy("a", 14, 2)))))
+    dst.settle()
+    assert torch.equal(dst_pool.blocks(torch.tensor([12, 13, 14])), src_pool.blocks(torch.tensor([0, 1, 2])))
+    with pytest.raises(ValueError, match="another model"):
+        dst.write_host_blocks([1], data[:1, :1])
+    src.close()
+    dst.close()

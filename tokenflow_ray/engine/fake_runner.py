@@ -3,6 +3,11 @@
 It keeps a fake paged KV store (one token id per slot) and writes every scheduled chunk into the slots its block
 table names. The next token is a hash of the context read *back from those blocks*, so a wrong block table, a block
 shared by two streams or a stale block changes the output, exactly as it would corrupt a real model's attention.
+
+Copies land before the step's KV writes by default. With `late_copies` they land as a GPU's do: after the step's
+writes (its side streams run beside the step's kernels), before the next step's (the join orders them), and before
+the host store is read or written here (`settle`, as the torch runner settles before migration touches it). A block
+freed, reused and written while its copy is still to land then corrupts the output instead of passing unseen.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from tokenflow_ray.engine.runner_api import ModelInfo
 class FakeRunner:
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 256, max_model_len: int = 4096,
                  eos_token_id: int | None = None, num_host_blocks: int = 0, step_cost_s: float = 0.01,
-                 copy_cost_s: float = 0.001) -> None:
+                 copy_cost_s: float = 0.001, late_copies: bool = False) -> None:
         self.block_size = block_size
+        self.late_copies = late_copies
+        self._unlanded: StepPlan | None = None  # late_copies: the last step's copies, still to land
         self.vocab_size = vocab_size
         self.slots: list[int | None] = [None] * (num_blocks * block_size)
         self.host_slots: list[int | None] = [None] * (num_host_blocks * block_size)
@@ -31,11 +38,11 @@ class FakeRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.steps += 1
-        bs = self.block_size
-        for c in (*plan.swap_out, *plan.write_through):  # device -> host, whole blocks
-            self.host_slots[c.host_block * bs:(c.host_block + 1) * bs] = self.slots[c.device_block * bs:(c.device_block + 1) * bs]
-        for c in plan.swap_in:
-            self.slots[c.device_block * bs:(c.device_block + 1) * bs] = self.host_slots[c.host_block * bs:(c.host_block + 1) * bs]
+        self.settle()  # the previous step's copies land before this step's writes
+        if self.late_copies and plan.has_copies:
+            self._unlanded = plan
+        else:
+            self._land(plan)
         sampled: dict[str, int] = {}
         for sid in plan.finished:
             self._last_sampled.pop(sid, None)
@@ -45,19 +52,36 @@ class FakeRunner:
             if chunk.sample:
                 sampled[chunk.stream_id] = self.next_token(self._read(chunk, chunk.start_pos + len(chunk.token_ids)))
         self._last_sampled.update(sampled)
-        copies = len(plan.swap_out) + len(plan.write_through) + len(plan.swap_in)
+        copies, bs = len(plan.swap_out) + len(plan.write_through) + len(plan.swap_in), self.block_size
         return StepResult(step_id=plan.step_id, sampled=sampled, compute_s=self.step_cost_s if not plan.is_empty else 0,
                           copy_s=copies * self.copy_cost_s, copy_bytes=copies * self.info.kv_bytes_per_token * bs,
                           swap_out_s=self._swap_out_times(plan))
 
+    def settle(self) -> None:
+        """Land the copies still in flight (late_copies)."""
+        if self._unlanded is not None:
+            plan, self._unlanded = self._unlanded, None
+            self._land(plan)
+
+    def _land(self, plan: StepPlan) -> None:
+        bs = self.block_size
+        for c in (*plan.swap_out, *plan.write_through):  # device -> host, whole blocks
+            self.host_slots[c.host_block * bs:(c.host_block + 1) * bs] = \
+                self.slots[c.device_block * bs:(c.device_block + 1) * bs]
+        for c in plan.swap_in:
+            self.slots[c.device_block * bs:(c.device_block + 1) * bs] = \
+                self.host_slots[c.host_block * bs:(c.host_block + 1) * bs]
+
     # ---- migration: the host slots of some blocks out, and into another runner's host store -----------------
     def export_kv(self, host_blocks: list[int]) -> list[list[int | None]]:
+        self.settle()
         bs = self.block_size
         return [self.host_slots[b * bs:(b + 1) * bs] for b in host_blocks]
 
     def import_kv(self, host_blocks: list[int], data: list[list[int | None]]) -> None:
         if len(data) != len(host_blocks) or any(len(d) != self.block_size for d in data):
             raise ValueError("KV blocks: shape does not match this store")
+        self.settle()  # a copy still in flight to these blocks (their previous owner's) must not land afterwards
         bs = self.block_size
         for b, d in zip(host_blocks, data):
             self.host_slots[b * bs:(b + 1) * bs] = d

@@ -241,6 +241,7 @@ class LLMEngine:
         (the reader kept reading meanwhile). Its KV goes to this engine's host store when there is room (then it
         resumes by load), else it recomputes. Raises ValueError if the stream does not fit this engine.
         `moved`: counts as a migration in its record (False: a failed move taken back by its own engine)."""
+        self._settle()  # the step in flight may still copy into host blocks that the import is about to reuse
         sid = exported.stream_id
         if sid in self._future:
             raise ValueError(f"stream id {sid!r} is already live")
