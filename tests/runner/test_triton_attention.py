@@ -25,16 +25,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 @pytest.fixture(autouse=True)
 def _interpreter(monkeypatch):
-    """The Triton backend runs on CPU tensors only when the interpreter is asked for."""
+    """The Triton backend runs on CPU tensors only when the interpreter is asked for. triton is imported first:
+    imported under TRITON_INTERPRET=1, its own library would be interpreted for compiled (CUDA) kernels too."""
+    import triton.language  # noqa: F401
+
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 CPU = torch.device("cpu")
-TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _pool(layout: str, blocks: int, bs: int, kvh: int, hd: int, dtype, g: torch.Generator):
+def _pool(layout: str, blocks: int, bs: int, kvh: int, hd: int, dtype, g: torch.Generator, device=CPU):
     """Layer 1 of a 2-layer pool, random: block-major views are strided over blocks, as on CUDA."""
-    pool = KVPool(2, blocks, bs, kvh, hd, dtype, CPU, layout)
+    pool = KVPool(2, blocks, bs, kvh, hd, dtype, device, layout)
     pool.tensor.copy_(torch.randn(pool.tensor.shape, generator=g).to(dtype))
     k, v = pool.layers[1]
     assert k.is_contiguous() == (layout == "layer_major")
@@ -64,16 +68,23 @@ def _step(seqs, bs: int, blocks: int, rows: int, heads: int, kvh: int, hd: int, 
                 seq_rows=seq_rows, slots=torch.tensor(slots), starts=starts)
 
 
+
+
+
 def _meta(seqs, st, scale: float, decodes: int) -> AttentionMetadata:
+    dev = st["slots"].device
     return AttentionMetadata(
         slot_mapping=st["slots"], num_decodes=decodes, decode_block_tables=None, decode_seq_lens=None,
         decode_mask=None, prefills=[], scale=scale, block_tables=st["tables"], seq_rows=st["seq_rows"],
-        seq_lens=torch.tensor([c + n for c, n in seqs]), query_start=torch.tensor(st["starts"]),
-        max_query_len=max(n for _, n in seqs), num_seqs=len(seqs))
+        seq_lens=torch.tensor([c + n for c, n in seqs], device=dev),
+        query_start=torch.tensor(st["starts"], device=dev), max_query_len=max(n for _, n in seqs),
+        num_seqs=len(seqs))
 
 
 def _reference(seqs, st, k_cache, v_cache, scale: float) -> torch.Tensor:
-    """float64: each sequence's keys gathered through its table, causal from its context length."""
+    """float64 on the CPU: each sequence's keys gathered through its table, causal from its context length."""
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
+    st = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
     q = st["q"].double()
     T, H, hd = q.shape
     group = H // k_cache.shape[2]
@@ -91,16 +102,17 @@ def _reference(seqs, st, k_cache, v_cache, scale: float) -> torch.Tensor:
     return out
 
 
-def _run_case(seqs, *, heads, kvh, hd, dtype, layout, bs=4, splits=None, seed=0):
+def _run_case(seqs, *, heads, kvh, hd, dtype, layout, bs=4, splits=None, seed=0, device=CPU):
     g = torch.Generator().manual_seed(seed)
     blocks = sum(-(-(c + n) // bs) for c, n in seqs) + 5
-    pool, k_cache, v_cache = _pool(layout, blocks, bs, kvh, hd, dtype, g)
+    pool, k_cache, v_cache = _pool(layout, blocks, bs, kvh, hd, dtype, g, device)
     st = _step(seqs, bs, blocks, rows=len(seqs) + 3, heads=heads, kvh=kvh, hd=hd, dtype=dtype, g=g)
+    st = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
     decodes = sum(1 for _, n in seqs if n == 1)
     meta = _meta(seqs, st, hd ** -0.5, decodes)
     before = pool.tensor.clone()
     # The KV write alone first: exactly the step's slots of layer 1's K and V change.
-    attn = TritonPagedAttention(CPU, decode_splits=splits)
+    attn = TritonPagedAttention(device, decode_splits=splits)
     attn.write_kv(st["k"], st["v"], k_cache, v_cache, meta.slot_mapping)
     slots = meta.slot_mapping
     want = before.clone()
@@ -111,7 +123,7 @@ def _run_case(seqs, *, heads, kvh, hd, dtype, layout, bs=4, splits=None, seed=0)
     ref = _reference(seqs, st, k_cache, v_cache, meta.scale)
     meta.kv_written = True
     out = attn.forward(st["q"], None, None, k_cache, v_cache, meta).view(ref.shape)
-    err = (out.double() - ref).abs().max().item()
+    err = (out.double().cpu() - ref).abs().max().item()
     assert err < TOL[dtype], err
     assert torch.equal(pool.tensor, want)  # attention reads the pool only
     return attn
@@ -206,7 +218,19 @@ def test_engine_on_triton_matches_hf_generate(tiny_llama_dir, mode):
     scratch = config.cache.num_device_blocks
     if staged:  # warm-up and capture wrote the scratch block only
         assert not runner.kv.tensor[:scratch].any() and runner.kv.tensor[scratch].any()
-    counts = {"forwards": 0, "sampling": 0}
+    counts = _count_steps(runner)
+    engine = LLMEngine(runner.config, runner, runner.tokenizer)
+    assert _engine_run(engine, prompts) == refs
+    assert engine.stats().preemptions > 0
+    if staged:
+        _check_one_copy_one_read(runner, counts)
+        assert sum(graph.replays for graph, _ in runner.graphs._graphs.values()) > 0
+
+
+def _count_steps(runner) -> dict:
+    """Counts the plans that run a forward and those that sample, from now on (the runner's execute wrapped)."""
+    counts = {"forwards": 0, "sampling": 0, "copies": runner.batch.staging.copies if runner.batch.staging else 0,
+              "syncs": runner.host_syncs}
     execute = runner.execute
 
     def counted(plan):
@@ -215,11 +239,63 @@ def test_engine_on_triton_matches_hf_generate(tiny_llama_dir, mode):
         return execute(plan)
 
     runner.execute = counted
-    copies, syncs = runner.batch.staging.copies if staged else 0, runner.host_syncs
+    return counts
+
+
+def _check_one_copy_one_read(runner, counts: dict) -> None:
+    assert runner.batch.staging.copies - counts["copies"] == counts["forwards"]  # one host->device copy a step
+    assert runner.host_syncs - counts["syncs"] == counts["sampling"]  # one device->host read a sampling step
+
+
+# ---- on a GPU (opt-in: pytest -m gpu): the compiled kernels, at the serving shapes ---------------------------
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("splits", [None, 1, 8])
+def test_compiled_kernels_match_the_reference_on_cuda(dtype, splits):
+    """Llama-3-8B's head layout (32 query heads, 8 KV heads, head_dim 128), block 16, a block-major pool:
+    decodes of 1 to 700 tokens of context, then the same batch with prefill chunks from 0 and continuing."""
+    cuda = torch.device("cuda")
+    shape = dict(heads=32, kvh=8, hd=128, dtype=dtype, layout="block_major", bs=16, device=cuda)
+    decodes = [(0, 1), (15, 1), (16, 1), (255, 1), (700, 1)]
+    _run_case(decodes, splits=splits, **shape)
+    _run_case(decodes + [(0, 200), (333, 90), (16, 2)], splits=1 if splits is None else splits, **shape)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engine_on_cuda_defaults_to_triton_and_matches_hf(tiny_llama_dir, overlap):
+    """The CUDA defaults without flash-attn (Triton kernels, block-major pool, staged inputs, decode graphs after the
+    warm-up), fp32: greedy token-identical to HF `generate` on the same GPU, through chunked prefill and recompute
+    preemption; one staged copy a forward, one device->host read a sampling step."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.runner.test_parity import _prompts
+    from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from tokenflow_ray.engine.llm_engine import LLMEngine
+    from tokenflow_ray.runner.attention import flash_attn_available
+    from tokenflow_ray.runner.model_runner import TorchModelRunner
+
+    if flash_attn_available():
+        pytest.skip("auto picks flash-attn here")
+    prompts = _prompts(4)
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).cuda().eval()
+    refs = []
+    with torch.inference_mode():
+        for p in prompts:
+            x = torch.tensor([p], device="cuda")
+            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=ENGINE_TOKENS,
+                              min_new_tokens=ENGINE_TOKENS, do_sample=False, pad_token_id=258)
+            refs.append(out[0, len(p):].tolist())
+    config = EngineConfig(model=ModelConfig(model=str(tiny_llama_dir), dtype="float32", device="cuda"),
+                          cache=CacheConfig(block_size=8, num_device_blocks=10),
+                          scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16),
+                          overlap_scheduling=overlap)
+    runner = TorchModelRunner(config)
+    assert runner.backend.name == "triton" and runner.graphs is not None and runner.kv.block_major
+    counts = _count_steps(runner)
     engine = LLMEngine(runner.config, runner, runner.tokenizer)
     assert _engine_run(engine, prompts) == refs
     assert engine.stats().preemptions > 0
-    if staged:
-        assert runner.batch.staging.copies - copies == counts["forwards"]  # one host->device copy a step
-        assert runner.host_syncs - syncs == counts["sampling"]  # one device->host read a sampling step
-        assert sum(graph.replays for graph, _ in runner.graphs._graphs.values()) > 0
+    _check_one_copy_one_read(runner, counts)

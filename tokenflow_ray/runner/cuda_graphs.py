@@ -117,7 +117,9 @@ def run_copied_in(graphs: DecodeGraphs, inputs: CopyInInputs, input_ids: torch.T
 
 def cuda_capture(fn: Callable[[], torch.Tensor], pool=None):
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # thread_local: a capture (at start, or again on the runner thread when the tables grow) is not broken by CUDA
+    # calls other threads make meanwhile (the KV copy streams are enqueued from the runner thread only).
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = fn()
     return graph, out, graph.pool()
 

@@ -72,12 +72,23 @@ class TritonPagedAttention:
         """decode_splits: None picks the split count from the batch and the GPU's SM count; a number forces
         it (tests, tuning)."""
         self._k = load_kernels(device)
-        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count \
-            if device.type == "cuda" else 1
+        self.device = device
+        self._num_sms: int | None = None
         if decode_splits is not None and (decode_splits < 1 or decode_splits > MAX_SPLITS
                                           or decode_splits & (decode_splits - 1)):
             raise ValueError(f"decode_splits: a power of two in [1, {MAX_SPLITS}], got {decode_splits}")
         self.decode_splits = decode_splits
+
+    @property
+    def num_sms(self) -> int:
+        if self._num_sms is None:
+            self._num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
+                if self.device.type == "cuda" else 1
+        return self._num_sms
+
+    @num_sms.setter
+    def num_sms(self, value: int) -> None:
+        self._num_sms = value
 
     def splits_for(self, num_seqs: int, kv_heads: int) -> int:
         """Split-KV factor of a decode-only launch: a function of the batch only (a captured graph keeps it)."""
