@@ -146,3 +146,14 @@ def test_cpu_kernel_reads_persistent_tables_by_row(head_dim):
         kernel.paged_decode_attention_rows(q, kc, vc, tables, torch.tensor([7, 0, 12, 3, 5]), positions, 0.125)
     with pytest.raises(RuntimeError, match="seq_len out of range"):
         kernel.paged_decode_attention_rows(q, kc, vc, tables, rows, positions + 1, 0.125)
+
+
+def test_config_names_the_triton_backend_and_eager_mode():
+    from tokenflow_ray.engine.config import ModelConfig
+
+    assert ModelConfig(attention_backend="triton", enforce_eager=True).enforce_eager
+    assert not ModelConfig().enforce_eager  # graphs on by default (CUDA only)
+    with pytest.raises(ValueError, match="attention_backend"):
+        ModelConfig(attention_backend="flashinfer")
+    with pytest.raises(ValueError, match="enforce_eager"):
+        ModelConfig(enforce_eager="yes")

@@ -147,6 +147,16 @@ def test_kernels_match_the_float64_reference(case, shape, layout, dtype):
     _run_case(seqs, dtype=dtype, layout=layout, splits=4 if case == "decode_split" else 1, **shape)
 
 
+@pytest.mark.parametrize("case", ["decode_split", "mixed", "long", "prefill_only"])
+def test_a_group_of_three_heads_and_prefill_only_steps(case):
+    """A query group that is not a power of two (Qwen2.5-32B has 5): tiles of 3 x 5 and 12 x 5 rows with the rest
+    masked; and steps without decodes, in small and large tiles."""
+    seqs = {"decode_split": DECODES, "mixed": MIXED, "long": LONG, "prefill_only": [(0, 13), (7, 19)]}[case]
+    for heads, kvh in ((6, 2), (10, 2)):
+        _run_case(seqs, heads=heads, kvh=kvh, hd=16, dtype=torch.float32, layout="block_major",
+                  splits=4 if case == "decode_split" else 1)
+
+
 def test_split_count_follows_the_batch_not_the_lengths():
     attn = TritonPagedAttention(CPU)
     attn.num_sms = 132

@@ -24,9 +24,11 @@ _ARRAY_CODES = {torch.long: "q", torch.int32: "i"}  # the table dtypes' array ty
 
 def _tensor(values: array, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A 1-D tensor of an array's values on `device`. On the CPU it shares the array's memory (and keeps the array
-    alive): a few µs, where torch.tensor over a list of 128 ints takes about 25 µs, once or twice every step."""
+    alive): a few µs, where torch.tensor over a list of 128 ints takes about 25 µs, once or twice every step.
+    Elsewhere through pinned memory, without blocking the host (the caching host allocator keeps the pinned block
+    until the copy has landed); the Triton path stages a whole step in one copy instead (step_staging.py)."""
     t = torch.frombuffer(values, dtype=dtype)
-    return t if device.type == "cpu" else t.to(device)
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
