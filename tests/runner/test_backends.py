@@ -65,11 +65,39 @@ def test_kernel_width_is_checked():
         load_paged_decode_attention(4)
 
 
-def test_asking_for_flash_on_cpu_is_a_clear_error():
+def test_asking_for_flash_on_cpu_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="CUDA"):
         select_backend(torch.device("cpu"), 256, prefer="flash")
-    with pytest.raises(ValueError, match="attention_backend"):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         select_backend(torch.device("cpu"), 16, prefer="triton")
+    with pytest.raises(ValueError, match="unknown backend"):
+        select_backend(torch.device("cpu"), 16, prefer="flashinfer")
+
+
+def test_triton_is_cudas_default_without_flash_attn_and_opt_in_on_cpu(monkeypatch):
+    """auto on CUDA: flash-attn when importable and the block size suits it, else the Triton kernels (nothing is
+    compiled or run here: the backend is only built). On CPU, triton only when asked for, under the interpreter,
+    and never in bfloat16 (the interpreter has none)."""
+    from tokenflow_ray.runner import attention
+    from tokenflow_ray.runner.triton_attention import TritonPagedAttention, triton_available
+
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(attention, "flash_attn_available", lambda: False)
+    assert isinstance(select_backend(cuda, 16), TritonPagedAttention)
+    assert isinstance(select_backend(cuda, 16, prefer="sdpa"), SdpaPagedAttention)
+    with pytest.raises(ValueError, match="flash-attn is not installed"):
+        select_backend(cuda, 16, prefer="flash")
+    monkeypatch.setattr(attention, "flash_attn_available", lambda: True)
+    assert isinstance(select_backend(cuda, 16), TritonPagedAttention)  # block size 16: not flash's
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not isinstance(select_backend(torch.device("cpu"), 16), TritonPagedAttention)  # auto on CPU
+    assert isinstance(select_backend(torch.device("cpu"), 16, prefer="triton", dtype=torch.float16),
+                      TritonPagedAttention)
+    with pytest.raises(ValueError, match="bfloat16"):
+        select_backend(torch.device("cpu"), 16, prefer="triton", dtype=torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -118,3 +146,14 @@ def test_cpu_kernel_reads_persistent_tables_by_row(head_dim):
         kernel.paged_decode_attention_rows(q, kc, vc, tables, torch.tensor([7, 0, 12, 3, 5]), positions, 0.125)
     with pytest.raises(RuntimeError, match="seq_len out of range"):
         kernel.paged_decode_attention_rows(q, kc, vc, tables, rows, positions + 1, 0.125)
+
+
+def test_config_names_the_triton_backend_and_eager_mode():
+    from tokenflow_ray.engine.config import ModelConfig
+
+    assert ModelConfig(attention_backend="triton", enforce_eager=True).enforce_eager
+    assert not ModelConfig().enforce_eager  # graphs on by default (CUDA only)
+    with pytest.raises(ValueError, match="attention_backend"):
+        ModelConfig(attention_backend="flashinfer")
+    with pytest.raises(ValueError, match="enforce_eager"):
+        ModelConfig(enforce_eager="yes")

@@ -8,11 +8,13 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.engine.factories import make_fake_engine
 from tokenflow_ray.engine.plan import PENDING_TOKEN, ScheduledChunk, StepPlan
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
+from tokenflow_ray.runner.step_staging import StagingBuffer
 from tokenflow_ray.runner.step_state import PersistentBatch
 
 
@@ -22,6 +24,31 @@ def _expected_slots(tables: dict[str, list[int]], plan: StepPlan, bs: int) -> li
         t = tables[c.stream_id]
         out += [t[p // bs] * bs + p % bs for p in range(c.start_pos, c.start_pos + len(c.token_ids))]
     return out
+
+
+def _check_varlen(form, step, plan: StepPlan, engine, bs: int) -> None:
+    """The varlen form names the same tokens, positions and slots as the gathered form, and through each sequence's
+    table row the scheduler's blocks, its length after the step and where its tokens start."""
+    meta = form.meta
+    assert form.input_ids.tolist() == step.input_ids.tolist()
+    assert form.positions.tolist() == step.positions.tolist()
+    assert meta.slot_mapping.tolist() == step.meta.slot_mapping.tolist()
+    assert (form.sample_rows, form.sample_ids) == (step.sample_rows, step.sample_ids)
+    chunks = (*plan.decodes, *plan.prefills)
+    assert meta.num_seqs == len(chunks) and meta.seq_lens.tolist() == [c.start_pos + len(c.token_ids)
+                                                                       for c in chunks]
+    lens = [len(c.token_ids) for c in chunks]
+    assert meta.max_query_len == max(lens)
+    if plan.prefills:
+        assert meta.query_start.tolist() == [sum(lens[:i]) for i in range(len(lens) + 1)]
+    else:
+        assert meta.query_start is None
+    for c, row in zip(chunks, meta.seq_rows.tolist()):
+        want = engine.scheduler.streams[c.stream_id].block_ids
+        need = -(-(c.start_pos + len(c.token_ids)) // bs)
+        assert meta.block_tables[row, :need].tolist() == want[:need]
+    if form.sample_index is not None:
+        assert form.sample_index.tolist() == form.sample_rows
 
 
 @pytest.mark.parametrize("policy,host,seed", [("fcfs", 0, 0), ("tokenflow", 256, 1), ("andes", 0, 2),
@@ -36,6 +63,12 @@ def test_tables_follow_the_scheduler_through_preemption(policy, host, seed):
     # same tables and lengths as the gathered ones.
     by_row = PersistentBatch(max_rows=4, max_blocks_per_seq=64, block_size=bs, device=torch.device("cpu"),
                              tables_by_row=True)
+    # The Triton backend's varlen form, built from host lists (CPU) and staged (the CUDA path: one copy a step,
+    # table diffs sent with the inputs, a scratch row 0), in lockstep too.
+    varlen = PersistentBatch(max_rows=4, max_blocks_per_seq=64, block_size=bs, device=torch.device("cpu"),
+                             varlen=True)
+    staged = PersistentBatch(max_rows=4, max_blocks_per_seq=64, block_size=bs, device=torch.device("cpu"),
+                             varlen=True, staging=StagingBuffer(4096, torch.device("cpu")), scratch_block=39)
     rng = random.Random(seed)
     execute = fake.execute
     checked = {"chunks": 0}
@@ -44,9 +77,15 @@ def test_tables_follow_the_scheduler_through_preemption(policy, host, seed):
     def run(plan: StepPlan):
         batch.apply(plan)
         by_row.apply(plan)
+        varlen.apply(plan)
+        staged.apply(plan)
         if plan.decodes or plan.prefills:
             step = batch.inputs(plan, scale=1.0)
             other = by_row.inputs(plan, scale=1.0)
+            copies = staged.staging.copies
+            for form in (varlen.inputs(plan, scale=1.0), staged.inputs(plan, scale=1.0)):
+                _check_varlen(form, step, plan, engine, bs)
+            assert staged.staging.copies == copies + 1
             assert other.meta.slot_mapping.tolist() == step.meta.slot_mapping.tolist()
             assert other.input_ids.tolist() == step.input_ids.tolist()
             if plan.decodes:
@@ -74,6 +113,7 @@ def test_tables_follow_the_scheduler_through_preemption(policy, host, seed):
                 engine.scheduler.streams[c.stream_id].block_ids
             # The host mirror decode slots are read from is the tensor's table, row for row.
             assert batch.host_tables[batch.row_of[c.stream_id]] == batch.table(c.stream_id)
+            assert varlen.table(c.stream_id) == staged.table(c.stream_id) == batch.table(c.stream_id)
             checked["chunks"] += 1
             if c.first_block == 0:
                 fresh[c.stream_id] = fresh.get(c.stream_id, 0) + 1
@@ -121,3 +161,72 @@ def test_pending_decode_input_is_the_last_sampled_token():
     step = batch.inputs(plan, scale=1.0)
     assert step.input_ids.tolist() == [42, 11]
     assert step.positions.tolist() == [4, 0] and step.meta.slot_mapping.tolist() == [8, 20]
+
+
+def _staged(rows: int = 6) -> PersistentBatch:
+    return PersistentBatch(max_rows=rows, max_blocks_per_seq=8, block_size=4, device=torch.device("cpu"),
+                           varlen=True, staging=StagingBuffer(256, torch.device("cpu")), scratch_block=63)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_staged_step_is_one_copy_and_no_host_reads():
+    """A step's inputs, a new block and a PENDING token included, reach the device in one copy: no tensor is made
+    from host data (aten.lift_fresh: torch.tensor), nothing is converted on the way (_to_copy), nothing is read
+    back (_local_scalar_dense: .item(); nonzero: boolean indexing), each of which is a copy or a sync on CUDA."""
+    batch = _staged()
+    start = StepPlan(0, prefills=(ScheduledChunk("a", (1, 2, 3, 4), 0, (7,), 0, True),
+                                  ScheduledChunk("b", (4, 5), 0, (9,), 0, True)))
+    batch.apply(start)
+    batch.record_sampled(torch.tensor([11, 12]), batch.inputs(start, scale=1.0))
+    plan = StepPlan(1, decodes=(ScheduledChunk("a", (PENDING_TOKEN,), 4, (8,), 1, True),
+                                ScheduledChunk("b", (PENDING_TOKEN,), 2, (), 1, True)))
+    copies = batch.staging.copies
+    with _Recorder() as rec:
+        batch.apply(plan)
+        step = batch.inputs(plan, scale=1.0, pad_to=4)
+    assert batch.staging.copies == copies + 1
+    assert rec.ops.count("aten.copy_.default") == 1
+    assert not {"aten.lift_fresh.default", "aten._to_copy.default", "aten._local_scalar_dense.default",
+                "aten.nonzero.default"} & set(rec.ops)
+    assert step.input_ids.tolist() == [11, 12, 0, 0]  # the sampled tokens, filled in on the device; padding
+    assert step.positions.tolist() == [4, 2, 0, 0]
+    assert step.meta.slot_mapping.tolist() == [8 * 4, 9 * 4 + 2, 63 * 4, 63 * 4]
+    assert batch.tables[batch.row_of["a"], :2].tolist() == [7, 8]  # the new block, scattered on the device
+    assert step.meta.seq_rows.tolist()[2:] == [0, 0] and batch.tables[0].tolist() == [63] * 8
+    assert step.meta.seq_lens.tolist() == [5, 3, 1, 1] and step.sample_index is None
+
+
+def test_pending_tokens_on_the_device_equal_the_host_substitution():
+    """Overlapped scheduling: a decode and a recompute chunk whose last token is PENDING; the recomputed stream has
+    a new table row, so its token is read from the row it was sampled at."""
+    host = PersistentBatch(max_rows=6, max_blocks_per_seq=8, block_size=4, device=torch.device("cpu"), varlen=True)
+    dev = _staged()
+    start = StepPlan(0, prefills=(ScheduledChunk("a", (1, 2, 3), 0, (7,), 0, True),
+                                  ScheduledChunk("b", (4, 5, 6, 7), 0, (9, 10), 0, True)))
+    nxt = StepPlan(1, decodes=(ScheduledChunk("a", (PENDING_TOKEN,), 3, (), 1, True),),
+                   prefills=(ScheduledChunk("c", (8, 9), 0, (2,), 0, True),
+                             ScheduledChunk("b", (4, 5, 6, 7, PENDING_TOKEN), 0, (3, 5), 0, True)),
+                   preempted=("b",))
+    for batch in (host, dev):
+        batch.apply(start)
+        step = batch.inputs(start, scale=1.0)
+        batch.last_sampled.update({"a": 31, "b": 32})
+        batch.record_sampled(torch.tensor([31, 32]), step)
+    rows_before = dict(dev.row_of)
+    for batch in (host, dev):
+        batch.apply(nxt)
+    assert dev.row_of["b"] != rows_before["b"]
+    want = host.inputs(nxt, scale=1.0)
+    got = dev.inputs(nxt, scale=1.0)
+    assert got.input_ids.tolist() == want.input_ids.tolist() == [31, 8, 9, 4, 5, 6, 7, 32]
+    assert got.meta.slot_mapping.tolist() == want.meta.slot_mapping.tolist()
+    assert got.sample_index.tolist() == want.sample_rows == [0, 2, 7]

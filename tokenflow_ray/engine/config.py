@@ -10,6 +10,7 @@ from tokenflow_ray.engine.policies import POLICY_NAMES, AndesConfig, TokenFlowCo
 EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
 CPU_GEMMS = ("auto", "tokenflow", "onednn")  # ModelConfig.cpu_gemm (models/packed_linear.py)
 KV_LAYOUTS = ("auto", "layer_major", "block_major")  # CacheConfig.kv_layout (runner/kv_pool.py)
+ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "cpu_paged", "triton")  # ModelConfig.attention_backend
 
 
 def _require(ok: bool, message: str) -> None:
@@ -33,8 +34,11 @@ class ModelConfig:
     cpu_gemm: str = "auto"
     # fp32 on CPU: RMSNorm + residual, RoPE + KV write and SiLU·mul as fused C++ kernels (False: the reference ops)
     fused_cpu_ops: bool = True
-    # auto: flash-attn on CUDA, the compiled paged decode kernel on CPU fp32, SDPA otherwise; or name one.
+    # auto: flash-attn on CUDA when importable, else the Triton paged kernels; the compiled paged decode kernel on
+    # CPU fp32; SDPA otherwise; or name one (triton on CPU needs TRITON_INTERPRET=1: the tests).
     attention_backend: str = "auto"
+    # True: no CUDA graphs, every decode step launched kernel by kernel (vLLM's name). CUDA only.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model: must name a local directory, a hub id or 'embedded'")
@@ -44,8 +48,9 @@ class ModelConfig:
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
         _require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
         _require(self.cpu_gemm in CPU_GEMMS, f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
-        _require(self.attention_backend in ("auto", "flash", "sdpa", "cpu_paged"),
-                 f"attention_backend: expected auto, flash, sdpa or cpu_paged, got {self.attention_backend!r}")
+        _require(self.attention_backend in ATTENTION_BACKENDS,
+                 f"attention_backend: expected one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        _require(isinstance(self.enforce_eager, bool), "enforce_eager: must be a bool")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ through its block table, so prefill, decode, chunked prefill and resumed streams
 - `CpuPagedAttention`: SDPA for prefill chunks, and for decodes a C++ kernel that reads each stream's blocks in
   place (csrc/paged_decode_attention.cpp): decode attention is memory-bound, and the gather copy doubled its traffic.
 - `FlashPagedAttention`: flash-attn's `flash_attn_with_kvcache` with block tables, no gather at all.
+- `TritonPagedAttention` (triton_attention.py): Triton kernels over the block tables, the CUDA path without flash-attn.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ class AttentionMetadata:
     # (no gathered table and no lengths tensor to build each step; decode_seq_lens is None).
     decode_rows: torch.Tensor | None = None  # [D] int64
     decode_positions: torch.Tensor | None = None  # [D] int64
+    # The varlen form (the Triton backend): sequences in token order (decodes first), all on the device. A
+    # sequence's table is block_tables[seq_rows[s]] (the persistent tables, no per-step gather), its length after
+    # this step seq_lens[s], its tokens query_start[s]:query_start[s + 1] (None when every sequence has one token).
+    block_tables: torch.Tensor | None = None  # [rows, max_blocks] long
+    seq_rows: torch.Tensor | None = None  # [S] long
+    seq_lens: torch.Tensor | None = None  # [S] long
+    query_start: torch.Tensor | None = None  # [S + 1] long
+    max_query_len: int = 0  # host-side: picks the launch (decode-only when 1)
+    num_seqs: int = 0
 
 
 class AttentionBackend(Protocol):
@@ -79,6 +89,16 @@ class SdpaPagedAttention:
     name = "sdpa"
 
     def forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if not q_THD.is_cuda:
+            return self._forward(q_THD, k_THD, v_THD, k_cache, v_cache, meta)
+        # On CUDA pinned to one kernel family: memory-efficient attention (math only for inputs it rejects),
+        # never cuDNN, whose per-shape graph builds made every new batch size and gathered width a slow step.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return self._forward(q_THD, k_THD, v_THD, k_cache, v_cache, meta)
+
+    def _forward(self, q_THD, k_THD, v_THD, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         write_kv(k_THD, v_THD, k_cache, v_cache, meta)
         T, H, Dh = q_THD.shape
         kvh = k_cache.shape[2]
@@ -186,14 +206,21 @@ def flash_attn_available() -> bool:
     return True
 
 
+BACKENDS = ("auto", "flash", "sdpa", "cpu_paged", "triton")
+
+
 def select_backend(device: torch.device, block_size: int, prefer: str = "auto",
                    dtype: torch.dtype = torch.float32, contiguous_layers: bool = True) -> AttentionBackend:
-    """CUDA: flash-attn when importable and the block size suits its paged kernel. CPU float32: the compiled paged
-    decode kernel when it builds and the pool's layers are contiguous (layer-major). SDPA otherwise."""
-    if prefer not in ("auto", "flash", "sdpa", "cpu_paged"):
-        raise ValueError(f"attention_backend: unknown backend {prefer!r}")
+    """CUDA: flash-attn when importable and the block size suits its paged kernel, else the Triton kernels (when
+    triton is importable: it ships with CUDA torch), else SDPA. CPU float32: the compiled paged decode kernel when
+    it builds and the pool's layers are contiguous (layer-major). SDPA otherwise. `triton` on CPU runs only under
+    the Triton interpreter (tests)."""
+    if prefer not in BACKENDS:
+        raise ValueError(f"attention_backend: unknown backend {prefer!r}; choose one of {', '.join(BACKENDS)}")
     if prefer == "sdpa":
         return SdpaPagedAttention()
+    if prefer == "triton":
+        return _triton_backend(device, dtype)
     if device.type != "cuda":
         if prefer == "flash":
             raise ValueError("attention_backend: flash-attn needs a CUDA device")
@@ -204,15 +231,28 @@ def select_backend(device: torch.device, block_size: int, prefer: str = "auto",
         return _cpu_backend(dtype, required=prefer == "cpu_paged")
     if prefer == "cpu_paged":
         raise ValueError("attention_backend: cpu_paged runs on CPU only")
-    if not flash_attn_available():
-        if prefer == "flash":
+    if prefer == "flash":
+        if not flash_attn_available():
             raise ValueError("attention_backend: flash-attn is not installed (pip install .[gpu])")
-        log.info("flash-attn not importable; using torch SDPA over paged KV")
-        return SdpaPagedAttention()
-    if block_size % 256 and prefer == "auto":
-        log.warning("flash-attn 2 paged KV wants block_size % 256 == 0 (got %d); using torch SDPA", block_size)
-        return SdpaPagedAttention()
-    return FlashPagedAttention()
+        return FlashPagedAttention()
+    if flash_attn_available() and block_size % 256 == 0:
+        return FlashPagedAttention()
+    from tokenflow_ray.runner.triton_attention import triton_available
+
+    if triton_available():
+        log.info("attention: Triton paged kernels (flash-attn %s)",
+                 "wants block_size % 256 == 0" if flash_attn_available() else "not importable")
+        return _triton_backend(device, dtype)
+    log.warning("attention: neither flash-attn nor triton importable; torch SDPA over gathered KV (slow)")
+    return SdpaPagedAttention()
+
+
+def _triton_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        raise ValueError("attention_backend: the Triton interpreter has no bfloat16 arithmetic; use float32/16 on CPU")
+    from tokenflow_ray.runner.triton_attention import TritonPagedAttention
+
+    return TritonPagedAttention(device)
 
 
 def _cpu_backend(dtype: torch.dtype, required: bool) -> AttentionBackend:

@@ -159,14 +159,14 @@ def llama8b_step_time(device: str = "cuda", batch: int = 32, context: int = 1024
         step = timed(lambda: model.compute_logits(model(ids, pos, kv, meta, attn)))
         out = {"backend": attn.name, "batch": batch, "context": context, "step_ms": step * 1e3, "tok_s": batch / step}
         if attn.name == "flash":  # decode CUDA graph of this batch, padding into the spare last block
-            from tokenflow_ray.runner.cuda_graphs import DecodeGraphs
+            from tokenflow_ray.runner.cuda_graphs import CopyInInputs, DecodeGraphs, run_copied_in
 
-            graphs = DecodeGraphs(lambda i, p, m: model(i, p, kv, m, attn), [batch], width, block,
-                                  scratch_block=nblocks - 1, device=dev, scale=meta.scale)
+            inputs = CopyInInputs(batch, width, block, scratch_block=nblocks - 1, device=dev, scale=meta.scale)
+            graphs = DecodeGraphs(lambda i, p, m: model(i, p, kv, m, attn), [batch], inputs.views)
             eager_h = model(ids, pos, kv, meta, attn)
-            graph_h = graphs.run(ids, pos, meta)
+            graph_h = run_copied_in(graphs, inputs, ids, pos, meta)
             out["graph_vs_eager_max_abs"] = float((graph_h.float() - eager_h.float()).abs().max())
-            g_step = timed(lambda: model.compute_logits(graphs.run(ids, pos, meta)))
+            g_step = timed(lambda: model.compute_logits(run_copied_in(graphs, inputs, ids, pos, meta)))
             out.update(graph_step_ms=g_step * 1e3, graph_tok_s=batch / g_step)
     # HBM roofline: every weight but the embedding and the whole context's KV read once per step
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("embed"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,8 +20,9 @@ from tokenflow_ray.runner.cpu_kernels import build_cpu_kernels
 from tokenflow_ray.runner.kv_pool import KVPool
 from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.malloc_tuning import tune_malloc_for_inference
-from tokenflow_ray.runner.sampler import sample
-from tokenflow_ray.runner.step_state import PersistentBatch
+from tokenflow_ray.runner.sampler import sample, sample_on_device
+from tokenflow_ray.runner.step_staging import StagingBuffer
+from tokenflow_ray.runner.step_state import PersistentBatch, StepInputs
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,18 @@ def gpu_cache_defaults(config: EngineConfig, cuda: bool, flash: bool) -> EngineC
                                          num_host_blocks=host))
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """What is decided by the device, overridable for CPU tests of the CUDA path. None: by the device."""
+
+    staged: bool | None = None  # one staged host->device copy a step, sampled tokens kept on the device
+    graph_capture: Callable | None = None  # capture decode graphs with this (cuda_graphs.eager_capture on CPU)
+    warm_up: bool | None = None  # run the warm-up steps at start
+
+
 class TorchModelRunner:
-    def __init__(self, config: EngineConfig, attention_backend: str | None = None) -> None:
+    def __init__(self, config: EngineConfig, attention_backend: str | None = None,
+                 options: RunnerOptions = RunnerOptions()) -> None:
         device = resolve_device(config.model.device)
         if attention_backend is None:
             config = gpu_cache_defaults(config, device.type == "cuda", flash_attn_available())
@@ -103,23 +115,22 @@ class TorchModelRunner:
         self.block_size = cc.block_size
         self.backend = select_backend(self.device, cc.block_size, backend_name, self.dtype,
                                       contiguous_layers=not self.kv.block_major)
-        # CUDA graphs for decode steps (flash-attn reads lengths and tables from tensors, so it can be captured).
-        use_graphs = self.device.type == "cuda" and self.backend.name == "flash"
-        self.batch = PersistentBatch(config.scheduler.max_num_seqs + 8,
-                                     min(-(-max_len // cc.block_size), cc.num_device_blocks), cc.block_size,
-                                     self.device, torch.int32 if self.backend.name == "flash" else torch.long,
-                                     sdpa_mask=self.backend.name == "sdpa",
-                                     tables_by_row=self.backend.name == "cpu_paged")
-        self.graphs = None
-        if use_graphs:
-            from tokenflow_ray.runner.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
-
-            sizes = [b for b in DEFAULT_SIZES if b < config.scheduler.max_num_seqs] + [config.scheduler.max_num_seqs]
-            with torch.inference_mode():
-                self.graphs = DecodeGraphs(
-                    lambda ids, pos, meta: self.model(ids, pos, self.kv.layers, meta, self.backend), sizes,
-                    self.batch.tables.shape[1], cc.block_size, scratch_block=cc.num_device_blocks,
-                    device=self.device, scale=hd ** -0.5)
+        name, cuda = self.backend.name, self.device.type == "cuda"
+        varlen = name == "triton"
+        staged = varlen and (cuda if options.staged is None else options.staged)
+        sc = config.scheduler
+        self.batch = PersistentBatch(
+            sc.max_num_seqs + 8, min(-(-max_len // cc.block_size), cc.num_device_blocks), cc.block_size,
+            self.device, torch.int32 if name == "flash" else torch.long, sdpa_mask=name == "sdpa",
+            tables_by_row=name == "cpu_paged", varlen=varlen,
+            staging=StagingBuffer(10 * sc.max_num_batched_tokens + 3 * (cc.num_device_blocks + 1) + 16,
+                                  self.device) if staged else None,
+            scratch_block=cc.num_device_blocks if varlen else None)
+        self.graphs = None  # CUDA graphs of decode steps, for backends that read lengths and tables from tensors
+        self._graph_capture = options.graph_capture
+        self._copy_in = None  # flash-attn's graph inputs
+        self._graph_tables = 0  # the tables' version the graphs read
+        self.host_syncs = 0  # device->host reads of sampled tokens (one a sampling step)
         self.transfer = KVTransfer(self.kv, cc.num_host_blocks, cc.overlap_copies) if cc.num_host_blocks else None
         self.scale = hd ** -0.5
         self.info = ModelInfo(name=mc.model, vocab_size=hf_config.vocab_size, max_model_len=max_len,
@@ -132,10 +143,61 @@ class TorchModelRunner:
         self._restored: dict[str, bytes] = {}  # imported streams' generator states, until first scheduled
         log.info("loaded %s (%s, %s, %s attention, %s GEMM, %d KV blocks, %s)", self.model_dir, self.device,
                  self.dtype, self.backend.name, self.gemm or "default", cc.num_device_blocks, self.kv.layout)
+        graphs = (cuda or options.graph_capture is not None) and not mc.enforce_eager and name in ("flash", "triton")
+        if cuda if options.warm_up is None else options.warm_up:
+            self.warm_up(decode_sizes=not graphs)
+        if graphs:
+            self.capture_graphs()
+
+    # ---- start-up: warm-up and decode graphs -------------------------------------------------------------------
+    def warm_up(self, decode_sizes: bool = True) -> None:
+        """Warm-up steps (`warmup.py`): every kernel variant a step can take is compiled before the first
+        request; decode_sizes: also a decode-only step at each graph-ladder size (when no graph capture does)."""
+        from tokenflow_ray.runner.cuda_graphs import ladder
+        from tokenflow_ray.runner.warmup import warmup_plans
+
+        t0 = time.perf_counter()
+        sc = self.config.scheduler
+        plans = warmup_plans(sc.max_num_batched_tokens, self.batch.tables.shape[1] * self.block_size,
+                             self.block_size, self.config.cache.num_device_blocks,
+                             ladder(sc.max_num_seqs) if decode_sizes else ())
+        for plan in plans:
+            self.execute(plan)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.info("warm-up: %d steps in %.2f s", len(plans), time.perf_counter() - t0)
+
+    def capture_graphs(self) -> None:
+        """Capture the decode graphs; if capture fails, say so once and run decode steps eagerly."""
+        from tokenflow_ray.runner.cuda_graphs import CopyInInputs, DecodeGraphs, ladder
+        from tokenflow_ray.runner.varlen_inputs import decode_views
+
+        sizes = ladder(self.config.scheduler.max_num_seqs)
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                if self.batch.varlen:
+                    inputs = lambda b: decode_views(self.batch, b, self.scale)  # noqa: E731
+                else:
+                    self._copy_in = CopyInInputs(max(sizes), self.batch.tables.shape[1], self.block_size,
+                                                 self.config.cache.num_device_blocks, self.device, self.scale)
+                    inputs = self._copy_in.views
+                self.graphs = DecodeGraphs(
+                    lambda ids, pos, meta: self.model(ids, pos, self.kv.layers, meta, self.backend), sizes, inputs,
+                    self._graph_capture)
+        except Exception as e:  # noqa: BLE001 - any capture failure leaves a correct eager runner
+            self.graphs = None
+            log.warning("CUDA graphs: capture failed (%s: %s); decode steps run eagerly", type(e).__name__, e)
+            return
+        self._graph_tables = self.batch.tables_version
+        log.info("CUDA graphs: %d decode sizes captured in %.2f s", len(sizes), time.perf_counter() - t0)
 
     def init_thread(self) -> None:
-        """Called on the engine's runner thread (overlapped scheduling): torch's thread count is per thread."""
+        """Called on the engine's runner thread (overlapped scheduling): torch's thread count and CUDA device are
+        per thread."""
         torch.set_num_threads(self._num_threads)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
     # ---- migration (between steps, on the engine's thread) ----------------------------------------------------
     def export_kv(self, host_blocks: list[int]):
@@ -186,23 +248,54 @@ class TorchModelRunner:
                           step_s=time.perf_counter() - t0)
 
     def _forward(self, plan: StepPlan) -> dict[str, int]:
-        step = self.batch.inputs(plan, self.scale)
-        hidden = self.graphs.run(step.input_ids, step.positions, step.meta) if self.graphs is not None else None
-        if hidden is None:  # prefill or mixed steps, batches past the largest graph, and CPU
-            hidden = self.model(step.input_ids, step.positions, self.kv.layers, step.meta, self.backend)
-        sampled: dict[str, int] = {}
-        if step.sample_rows:
-            rows = step.sample_rows
-            # A decode-only step samples every row: no gather of the hidden states.
-            h = hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)]
-            logits = self.model.compute_logits(h)
-            not_greedy = self._not_greedy
-            random_rows = [(row, self._params[s], self._generators.get(s, self._default_gen))
-                           for row, s in enumerate(step.sample_ids) if s in not_greedy] if not_greedy else ()
+        if self.batch.varlen:
+            step, hidden = self._varlen_step(plan)
+        else:
+            step = self.batch.inputs(plan, self.scale)
+            hidden = None
+            if self.graphs is not None:
+                from tokenflow_ray.runner.cuda_graphs import run_copied_in
+
+                hidden = run_copied_in(self.graphs, self._copy_in, step.input_ids, step.positions, step.meta)
+            if hidden is None:  # prefill or mixed steps, batches past the largest graph, and CPU
+                hidden = self.model(step.input_ids, step.positions, self.kv.layers, step.meta, self.backend)
+        if not step.sample_rows:
+            return {}
+        rows = step.sample_rows
+        if step.sample_index is not None:
+            h = hidden.index_select(0, step.sample_index)
+        elif len(rows) == hidden.shape[0] or self.batch.varlen:  # every row samples (varlen: the first rows)
+            h = hidden[:len(rows)]
+        else:
+            h = hidden[torch.tensor(rows, device=self.device)]
+        logits = self.model.compute_logits(h)
+        not_greedy = self._not_greedy
+        random_rows = [(row, self._params[s], self._generators.get(s, self._default_gen))
+                       for row, s in enumerate(step.sample_ids) if s in not_greedy] if not_greedy else ()
+        if self.batch.staging is not None:  # tokens stay on the device; the host reads them once
+            tokens_dev = sample_on_device(logits, random_rows)
+            self.batch.record_sampled(tokens_dev, step)
+            self.host_syncs += 1
+            tokens = tokens_dev.tolist()
+        else:
             tokens = sample(logits, random_rows, self._argmax_rows)
-            sampled = dict(zip(step.sample_ids, tokens))
-            self.batch.last_sampled.update(sampled)
+        sampled = dict(zip(step.sample_ids, tokens))
+        self.batch.last_sampled.update(sampled)
         return sampled
+
+    def _varlen_step(self, plan: StepPlan) -> tuple[StepInputs, torch.Tensor]:
+        """A decode-only step within the graph ladder replays its graph on inputs staged straight into the graph's
+        buffers; any other step runs eagerly."""
+        bucket = None
+        if self.graphs is not None and not plan.prefills:
+            if self.batch.tables_version != self._graph_tables:  # the tables grew: the graphs read the old ones
+                log.info("CUDA graphs: block tables grew; capturing again")
+                self.capture_graphs()
+            bucket = self.graphs.padded_size(len(plan.decodes)) if self.graphs is not None else None
+        step = self.batch.inputs(plan, self.scale, pad_to=bucket)
+        if bucket is not None:
+            return step, self.graphs.replay(bucket)
+        return step, self.model(step.input_ids, step.positions, self.kv.layers, step.meta, self.backend)
 
 
 def _eos_ids(hf_config, tokenizer, model_dir) -> frozenset[int]:

@@ -17,31 +17,44 @@ import torch
 
 from tokenflow_ray.engine.plan import PENDING_TOKEN, StepPlan
 from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+from tokenflow_ray.runner.step_staging import StagingBuffer
 
 _ARRAY_CODES = {torch.long: "q", torch.int32: "i"}  # the table dtypes' array typecodes (8 and 4 bytes)
 
 
 def _tensor(values: array, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A 1-D tensor of an array's values on `device`. On the CPU it shares the array's memory (and keeps the array
-    alive): a few µs, where torch.tensor over a list of 128 ints takes about 25 µs, once or twice every step."""
+    alive): a few µs, where torch.tensor over a list of 128 ints takes about 25 µs, once or twice every step.
+    Elsewhere through pinned memory, without blocking the host (the caching host allocator keeps the pinned block
+    until the copy has landed); the Triton path stages a whole step in one copy instead (step_staging.py)."""
     t = torch.frombuffer(values, dtype=dtype)
-    return t if device.type == "cpu" else t.to(device)
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
 class StepInputs:
     """Everything one forward needs, on the runner's device."""
 
-    input_ids: torch.Tensor  # [T] long
+    input_ids: torch.Tensor  # [T] long (T: the step's tokens, or its graph bucket when padded)
     positions: torch.Tensor  # [T] long
     meta: AttentionMetadata
     sample_rows: list[int]  # rows of the flat batch whose next token is sampled
     sample_ids: list[str]  # their streams
+    # The varlen (Triton) form: the sampled rows on the device (None: rows 0..len(sample_ids)-1, no gather), and
+    # their streams' table rows, where the sampled tokens are kept on the device for PENDING inputs (staged only).
+    sample_index: torch.Tensor | None = None
+    sample_table_rows: torch.Tensor | None = None
 
 
 class PersistentBatch:
     def __init__(self, max_rows: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
-                 table_dtype: torch.dtype = torch.long, sdpa_mask: bool = False, tables_by_row: bool = False) -> None:
+                 table_dtype: torch.dtype = torch.long, sdpa_mask: bool = False, tables_by_row: bool = False,
+                 varlen: bool = False, staging: StagingBuffer | None = None,
+                 scratch_block: int | None = None) -> None:
+        """varlen: build the Triton backend's form (`varlen_inputs.py`). staging: every step's inputs and table
+        diffs go up in one copy through it, and sampled tokens stay on the device (CUDA). scratch_block: a pool
+        block no stream owns; row 0 of the tables is then reserved for padding rows (graphs, warm-up), every
+        entry that block."""
         self.block_size = block_size
         self.device = device
         self.table_dtype = table_dtype
@@ -49,9 +62,13 @@ class PersistentBatch:
         # The CPU paged kernel reads these tables by row and each length from its position: a decode step then
         # builds one tensor, not a gathered table and a lengths tensor (each op costs tens of µs after the model).
         self.tables_by_row = tables_by_row
-        if sdpa_mask and tables_by_row:
-            raise ValueError("PersistentBatch: sdpa_mask and tables_by_row are for different backends")
+        if sdpa_mask + tables_by_row + varlen > 1:
+            raise ValueError("PersistentBatch: sdpa_mask, tables_by_row and varlen are for different backends")
+        if staging is not None and not varlen:
+            raise ValueError("PersistentBatch: staged inputs are built in the varlen form")
+        self.varlen, self.staging, self.scratch_block = varlen, staging, scratch_block
         self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=table_dtype, device=device)
+        self.tables_version = 0  # bumped when the tables tensor is replaced (grown): captured graphs read it
         # The same tables on the host, kept by the same diffs: a decode's KV slot is then one Python lookup, and a
         # decode step's inputs one tensor built from lists, not a chain of small device ops (vLLM keeps a numpy
         # mirror of its block table for the same reason). A row's length is the blocks it holds (widths, checks).
@@ -59,12 +76,21 @@ class PersistentBatch:
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self.last_sampled: dict[str, int] = {}  # each stream's latest sampled token (for PENDING_TOKEN inputs)
+        if scratch_block is not None:
+            self.tables[0].fill_(scratch_block)
+            self._free_rows.pop()  # row 0
+        # Staged: the step's new table entries go up with its inputs (rows, columns, block ids), and each
+        # stream's latest sampled token stays on the device, at the table row it had when sampled.
+        self.pending_diff: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.last_tokens = torch.zeros(max_rows, dtype=torch.long, device=device) if staging is not None else None
+        self.sampled_row: dict[str, int] = {}
 
     # ---- diffs --------------------------------------------------------------------------------------------------
     def apply(self, plan: StepPlan) -> None:
         """Leavers first (their rows may be reused by this plan's joiners), then each chunk's new blocks."""
         for sid in plan.finished:
             self.last_sampled.pop(sid, None)
+            self.sampled_row.pop(sid, None)
             self._drop(sid)
         for sid in plan.preempted:
             self._drop(sid)
@@ -91,7 +117,12 @@ class PersistentBatch:
                 cols.extend(range(first, first + n))
                 vals.extend(new_blocks)
                 host_tables[row].extend(new_blocks)  # holds `first` blocks: checked above
-        if rows:  # one scatter for the whole step's new blocks
+        if rows and self.staging is not None:  # goes up with the step's inputs (varlen_inputs.py)
+            diff = self.pending_diff
+            diff[0].extend(rows)
+            diff[1].extend(cols)
+            diff[2].extend(vals)
+        elif rows:  # one scatter for the whole step's new blocks
             idx = array("q", rows)
             idx.extend(cols)
             idx_t = _tensor(idx, torch.long, self.device).view(2, -1)
@@ -108,16 +139,43 @@ class PersistentBatch:
         if not self._free_rows:  # more live streams than planned for: grow (rare; keeps any batch correct)
             old = self.tables.shape[0]
             self.tables = torch.cat([self.tables, torch.zeros_like(self.tables)])
+            if self.last_tokens is not None:
+                self.last_tokens = torch.cat([self.last_tokens, torch.zeros_like(self.last_tokens)])
+            self.tables_version += 1
             self.host_tables.extend([] for _ in range(old))
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         return self._free_rows.pop()
 
     def table(self, sid: str) -> list[int]:
+        if self.pending_diff[0]:  # staged diffs not yet sent with a step (tests read tables between steps)
+            self.apply_pending_diff(_tensor(array("q", [v for part in self.pending_diff for v in part]),
+                                            torch.long, self.device), len(self.pending_diff[0]))
         row = self.row_of[sid]
         return self.tables[row, :len(self.host_tables[row])].tolist()
 
+    def apply_pending_diff(self, packed: torch.Tensor, n: int) -> None:
+        """The staged diffs, now on the device as [rows n | columns n | block ids n], into the tables."""
+        self.tables[packed[:n], packed[n:2 * n]] = packed[2 * n:3 * n].to(self.table_dtype)
+        for part in self.pending_diff:
+            part.clear()
+
+    def record_sampled(self, tokens: torch.Tensor, step: StepInputs) -> None:
+        """Staged: the step's sampled tokens into their streams' device slots (read by the next step's PENDING
+        inputs), on the device; the rows they were sampled at, on the host."""
+        if self.last_tokens is None or step.sample_table_rows is None:
+            return
+        self.last_tokens[step.sample_table_rows] = tokens
+        row_of, sampled_row = self.row_of, self.sampled_row
+        for sid in step.sample_ids:
+            sampled_row[sid] = row_of[sid]
+
     # ---- one step's inputs -------------------------------------------------------------------------------------
-    def inputs(self, plan: StepPlan, scale: float) -> StepInputs:
+    def inputs(self, plan: StepPlan, scale: float, pad_to: int | None = None) -> StepInputs:
+        """pad_to: a decode-only step's graph bucket (varlen form only): rows past the step's are padding."""
+        if self.varlen:
+            from tokenflow_ray.runner.varlen_inputs import varlen_inputs
+
+            return varlen_inputs(self, plan, scale, pad_to)
         dev, bs = self.device, self.block_size
         decodes = plan.decodes
         D = len(decodes)
