@@ -1,9 +1,48 @@
-"""The bench's parts on their own: the graphs part end to end on the CPU."""
+"""The bench's parts on their own: the slow-step measure, the serving setup against the H200 baseline, the graphs
+part end to end on the CPU."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
+
+import pytest
+
+from tokenflow_ray.bench.gpu.serving import FILE_KEYS, SAMPLES_COLUMNS, scaled_requests
+from tokenflow_ray.bench.gpu.slow_steps import bucket, slow_step_share
+
+# The lead's H200 data (../shared/data/h200 beside the checkout), where it is at hand.
+SHARED = next((p / "shared" / "data" / "h200" for p in Path(__file__).resolve().parents
+               if (p / "shared" / "data" / "h200").is_dir()), Path("/nonexistent"))
+
+
+def test_slow_step_share_counts_steps_over_twice_their_buckets_median():
+    # bucket 32: three 20 ms steps and one 50 ms (> 2 x 20); bucket 8192: one prefill step, its own median
+    rows = [[32, 0, 0, 0, 32, 0.020]] * 3 + [[33, 0, 0, 0, 33, 0.050], [0, 8192, 0, 0, 1, 0.3]]
+    r = slow_step_share(rows, wall_s=1.0)
+    assert r["slow_steps"] == 1 and r["share"] == pytest.approx(0.05)
+    assert r["buckets"]["32"]["median_ms"] == pytest.approx(20.0) and r["buckets"]["8192"]["slow_steps"] == 0
+    assert r["over_60ms_steps"] == 1 and r["over_60ms_share"] == pytest.approx(0.3)
+    assert [bucket(n) for n in (1, 2, 3, 255, 256, 8192)] == [1, 2, 2, 128, 256, 8192]
+    with pytest.raises(ValueError, match="wall_s"):
+        slow_step_share(rows, wall_s=0.0)
+
+
+def test_serving_requests_are_the_baselines():
+    """setup (a) x 1/8 as the H200 runs made them: 400 streams at t=0, 20 tok/s, 208,290 output tokens."""
+    reqs = scaled_requests(1 / 8)
+    assert len(reqs) == 400 and all(r.arrival_s == 0.0 and r.rate == 20.0 for r in reqs)
+    assert sum(r.output_len for r in reqs) == 208_290
+    assert [[r.index, r.prompt_len, r.output_len] for r in reqs[:3]] == [[0, 76, 441], [1, 67, 356], [2, 65, 423]]
+
+
+@pytest.mark.skipif(not (SHARED / "setup_a_eighth_fcfs.json").is_file(), reason="the shared H200 data is not here")
+def test_serving_file_keys_and_requests_equal_the_shared_baselines():
+    shared = json.loads((SHARED / "setup_a_eighth_fcfs.json").read_text())
+    assert tuple(shared) == FILE_KEYS and shared["samples_columns"] == list(SAMPLES_COLUMNS)
+    assert shared["request_list"] == [[r.index, r.arrival_s, r.prompt_len, r.output_len, r.rate]
+                                      for r in scaled_requests(1 / 8)]
 
 
 def test_graphs_part_compares_eager_and_graph_runs_end_to_end(tmp_path, monkeypatch):
