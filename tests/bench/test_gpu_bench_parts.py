@@ -66,3 +66,46 @@ def test_graphs_part_compares_eager_and_graph_runs_end_to_end(tmp_path, monkeypa
                                         "2": {"identical": 2, "of": 2, "first_diff": [None, None]}}
     for label in ("graphs", "eager"):
         assert all(b["decode_step_ms_median"] > 0 and not b["stopped_early"] for b in saved[label]["batches"].values())
+
+
+@pytest.mark.parametrize("mode", ["full", "quick", "dry"])
+def test_every_parts_engine_config_is_valid_in_every_mode(mode, tmp_path):
+    """What each part builds on the GPU (full, quick) is checked here without a GPU: the configs validate and are
+    the baseline's (8B dummy bf16 on CUDA; the step grid's and setup (a)'s pools, batch caps and step budgets)."""
+    from tokenflow_ray.bench.gpu import graphs, parity, serving, step_grid
+    from tokenflow_ray.bench.gpu.budget import tasks
+    from tokenflow_ray.bench.gpu.context import PartContext
+    from tokenflow_ray.bench.gpu.paged_cases import case_specs
+
+    def ctx(part, task=None):
+        return PartContext(part, mode, task, tmp_path, tmp_path / "r.json", limit_s=60)
+
+    grid = step_grid.engine_config(ctx("step_grid"))
+    policies = {p: serving.engine_config(ctx("serving", p), 400) for p in tasks("serving", mode)}
+    dims, specs = case_specs(mode)
+    assert [s.name for s in specs] == ["decode", "prefill", "chunked_prefill", "mixed"]
+    assert parity.engine_config(ctx("parity"), "bfloat16", "auto").model.dtype == "bfloat16"
+    assert graphs._sizes(ctx("graphs"))[0] == ((1, 2) if mode == "dry" else (1, 8, 32))
+    if mode == "dry":
+        assert grid.model.device == "cpu" and grid.model.attention_backend == "sdpa"
+        return
+    assert (grid.model.model, grid.model.load_format, grid.model.dtype, grid.model.device) == \
+        ("llama3-8b", "dummy", "bfloat16", "cuda")
+    assert (grid.cache.num_device_blocks, grid.scheduler.max_num_seqs, grid.scheduler.max_num_batched_tokens) == \
+        (20_000, 256, 8192)
+    assert tuple(policies) == (("fcfs", "tokenflow", "andes") if mode == "full" else ("fcfs", "tokenflow"))
+    for policy, cfg in policies.items():
+        assert (cfg.scheduler.policy, cfg.cache.num_device_blocks, cfg.cache.num_host_blocks, cfg.cache.block_size,
+                cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens) == (policy, 1734, 6936, 16, 256, 8192)
+    assert (dims.block_size, dims.heads, dims.kv_heads, dims.head_dim) == (16, 32, 8, 128)
+    assert specs[0].decode_lens[:4] == (1, 16, 17, 2048) and max(specs[0].decode_lens) == 2048
+
+
+def test_the_step_grid_points_are_the_baselines():
+    from tokenflow_ray.bench.gpu.step_grid import GRID, QUICK_GRID
+
+    keys = [f"b{b}_p{p}" for b, p in GRID]
+    assert keys == ["b1_p512", "b16_p512", "b64_p512", "b128_p512", "b256_p256", "b256_p1024", "b32_p2048"]
+    assert set(QUICK_GRID) <= set(GRID)
+    if (SHARED / "step_grid.json").is_file():
+        assert list(json.loads((SHARED / "step_grid.json").read_text())["runs"]) == keys

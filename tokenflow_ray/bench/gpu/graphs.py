@@ -24,11 +24,12 @@ def _sizes(ctx: PartContext) -> tuple[tuple[int, ...], int, int]:
     return ((1, 2), 16, 8) if ctx.dry else ((1, 8, 32), 128, 48)
 
 
-def _engine(ctx: PartContext, eager: bool, batches: tuple[int, ...], prompt_len: int, new_tokens: int) -> LLMEngine:
+def engine_config(ctx: PartContext, eager: bool) -> EngineConfig:
+    batches, prompt_len, new_tokens = _sizes(ctx)
     blocks = max(batches) * -(-(prompt_len + new_tokens) // 16) + 16
-    return LLMEngine.from_config(EngineConfig(
+    return EngineConfig(
         model=model_config(ctx, enforce_eager=eager), cache=CacheConfig(block_size=16, num_device_blocks=blocks),
-        scheduler=SchedulerConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(2048, max(batches)))))
+        scheduler=SchedulerConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(2048, max(batches))))
 
 
 def run(ctx: PartContext) -> None:
@@ -41,7 +42,7 @@ def run(ctx: PartContext) -> None:
     tokens: dict[bool, dict[int, list[list[int]]]] = {}
     for eager in (True, False):
         label = "eager" if eager else "graphs"
-        engine = _engine(ctx, eager, batches, prompt_len, new_tokens)
+        engine = LLMEngine.from_config(engine_config(ctx, eager))
         info = {"graphs_active": getattr(engine.runner, "graphs", None) is not None,
                 "backend": engine.runner.backend.name, "batches": {}}
         tokens[eager] = {}

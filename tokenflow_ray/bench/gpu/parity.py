@@ -56,6 +56,13 @@ def first_differences(ours: list[list[int]], refs: list[list[int]]) -> list[int 
     return out
 
 
+def engine_config(ctx: PartContext, dtype: str, backend: str) -> EngineConfig:
+    overrides = {} if ctx.dry else {"attention_backend": backend}  # a dry run stays on SDPA
+    return EngineConfig(model=embedded_config(ctx, dtype, **overrides),
+                        cache=CacheConfig(block_size=16, num_device_blocks=256),
+                        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512))
+
+
 def run(ctx: PartContext) -> None:
     device = ctx.device()
     n, new_tokens = _sizes(ctx)
@@ -69,10 +76,7 @@ def run(ctx: PartContext) -> None:
     for key, dtype, backend in runs:
         if key == "float32_sdpa" and default_backend == "sdpa":
             continue  # the default already was SDPA
-        overrides = {} if ctx.dry else {"attention_backend": backend}
-        engine = LLMEngine.from_config(EngineConfig(
-            model=embedded_config(ctx, dtype, **overrides), cache=CacheConfig(block_size=16, num_device_blocks=256),
-            scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512)))
+        engine = LLMEngine.from_config(engine_config(ctx, dtype, backend))
         t = time.perf_counter()
         out = engine.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         s = time.perf_counter() - t

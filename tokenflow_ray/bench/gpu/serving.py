@@ -56,6 +56,16 @@ def _setup(ctx: PartContext) -> dict:
             "tag": "eighth", "model": "Llama-3-8B shape, random bf16 weights"}
 
 
+def engine_config(ctx: PartContext, num_requests: int) -> EngineConfig:
+    setup = _setup(ctx)
+    device_blocks, host_blocks = setup["pool"]
+    return EngineConfig(
+        model=model_config(ctx), cache=CacheConfig(block_size=16, num_device_blocks=device_blocks,
+                                                   num_host_blocks=host_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=setup["max_num_seqs"], max_num_batched_tokens=setup["budget"],
+                                  policy=ctx.task), record_history=num_requests + 8)
+
+
 def file_name(ctx: PartContext) -> str:
     return f"setup_a_{_setup(ctx)['tag']}_{ctx.task}.json"
 
@@ -67,14 +77,8 @@ def run(ctx: PartContext) -> None:
     setup = _setup(ctx)
     device = ctx.device()
     requests = scaled_requests(setup["scale"], setup["count"])
-    device_blocks, host_blocks = setup["pool"]
-    config = EngineConfig(
-        model=model_config(ctx), cache=CacheConfig(block_size=16, num_device_blocks=device_blocks,
-                                                   num_host_blocks=host_blocks),
-        scheduler=SchedulerConfig(max_num_seqs=setup["max_num_seqs"], max_num_batched_tokens=setup["budget"],
-                                  policy=policy), record_history=len(requests) + 8)
     t = time.perf_counter()
-    engine = LLMEngine.from_config(config)
+    engine = LLMEngine.from_config(engine_config(ctx, len(requests)))
     load_s = time.perf_counter() - t
     ctx.save("load_s", load_s)
     engine.generate([[1] * 8], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, not recorded

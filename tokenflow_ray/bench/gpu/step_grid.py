@@ -40,6 +40,14 @@ def _setup(ctx: PartContext) -> dict:
             "max_num_seqs": 256, "budget": 8192}
 
 
+def engine_config(ctx: PartContext) -> EngineConfig:
+    setup = _setup(ctx)
+    return EngineConfig(model=model_config(ctx),
+                        cache=CacheConfig(block_size=16, num_device_blocks=setup["blocks"], num_host_blocks=0),
+                        scheduler=SchedulerConfig(max_num_seqs=setup["max_num_seqs"],
+                                                  max_num_batched_tokens=setup["budget"], policy="fcfs"))
+
+
 def _point(engine: LLMEngine, ctx: PartContext, batch: int, prompt: int, new_tokens: int) -> tuple[dict, list]:
     t = time.perf_counter()
     run, _ = run_batch(engine, batch, prompt, new_tokens, ctx.deadline)
@@ -75,11 +83,7 @@ def run(ctx: PartContext) -> None:
     device = ctx.device()
     setup = _setup(ctx)
     t = time.perf_counter()
-    engine = LLMEngine.from_config(EngineConfig(
-        model=model_config(ctx),
-        cache=CacheConfig(block_size=16, num_device_blocks=setup["blocks"], num_host_blocks=0),
-        scheduler=SchedulerConfig(max_num_seqs=setup["max_num_seqs"], max_num_batched_tokens=setup["budget"],
-                                  policy="fcfs")))
+    engine = LLMEngine.from_config(engine_config(ctx))
     out = {"device": device.type, "load_s": time.perf_counter() - t, "backend": engine.runner.backend.name,
            "gpu": device_name(device), "mem_alloc_gb": _mem_gb(device), "runs": {}}
     headline = []
