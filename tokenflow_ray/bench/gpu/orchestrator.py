@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tokenflow_ray.bench.gpu.budget import BUDGET_S, MIN_TASK_S, PART_NAMES, PARTS, tasks, worst_case_s
+from tokenflow_ray.bench.gpu.budget import BUDGET_S, MIN_TASK_S, MODES, PART_NAMES, PARTS, tasks, worst_case_s
 from tokenflow_ray.bench.gpu.context import COMMIT_ENV, json_safe, write_json_atomic
 from tokenflow_ray.bench.gpu.machine import git_commit, machine_facts
 
@@ -39,6 +39,9 @@ class BenchOptions:
     child: str = "tokenflow_ray.bench.gpu.child"  # the module a task's process runs (tests pass a stand-in)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "out_dir", Path(self.out_dir).resolve())  # the parts run from the project root
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
         unknown = [p for p in (*self.parts, *self.limits) if p not in PART_NAMES]
         if unknown:
             raise ValueError(f"parts: unknown {unknown}; parts are {', '.join(PART_NAMES)}")
