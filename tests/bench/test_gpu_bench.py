@@ -28,7 +28,8 @@ def _blocking_dir(tmp_path: Path) -> Path:
     transformers' probes expect of a package that is not there)."""
     root = tmp_path / "not_in_image"
     root.mkdir()
-    (root / "sitecustomize.py").write_text(f"import sys\nfor name in {NOT_IN_GPU_IMAGE!r}:\n    sys.modules[name] = None\n")
+    (root / "sitecustomize.py").write_text(
+        f"import sys\nfor name in {NOT_IN_GPU_IMAGE!r}:\n    sys.modules[name] = None\n")
     return root
 
 

@@ -109,3 +109,33 @@ def test_the_step_grid_points_are_the_baselines():
     assert set(QUICK_GRID) <= set(GRID)
     if (SHARED / "step_grid.json").is_file():
         assert list(json.loads((SHARED / "step_grid.json").read_text())["runs"]) == keys
+
+
+def test_the_attention_comparison_fails_a_wrong_backend():
+    """SDPA passes against the float64 reference; a backend off by 1% fails the tolerance, one that skips the KV
+    write fails the write check."""
+    import torch
+
+    from tokenflow_ray.bench.gpu.attention import TOLERANCE, _compare, _passes
+    from tokenflow_ray.bench.gpu.paged_cases import case_specs, make_case, reference
+    from tokenflow_ray.runner.attention import SdpaPagedAttention
+
+    class OffByOnePercent(SdpaPagedAttention):
+        def forward(self, *args):
+            return super().forward(*args) * 1.01
+
+    class SkipsTheWrite(SdpaPagedAttention):
+        def forward(self, q, k, v, k_cache, v_cache, meta):
+            meta.kv_written = True
+            return super().forward(q, k, v, k_cache, v_cache, meta)
+
+    dims, specs = case_specs("dry")
+    cpu = torch.device("cpu")
+    for spec in specs:
+        case = make_case(spec, dims, seed=1)
+        expected = reference(case, torch.float32)
+        good = _compare(SdpaPagedAttention(), case, expected, expected[0], cpu, torch.float32)
+        assert _passes(good, TOLERANCE["float32"]) and good["max_abs_vs_reference"] < 1e-5, spec.name
+        off = _compare(OffByOnePercent(), case, expected, expected[0], cpu, torch.float32)
+        assert not _passes(off, TOLERANCE["float32"]) and off["kv_write_exact"], spec.name
+        assert not _compare(SkipsTheWrite(), case, expected, expected[0], cpu, torch.float32)["kv_write_exact"]

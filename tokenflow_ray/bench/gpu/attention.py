@@ -43,6 +43,25 @@ def _run(backend, case, device, dtype) -> tuple[torch.Tensor, torch.Tensor, torc
     return out.view(x["q"].shape).cpu().double(), x["k_cache"].cpu().double(), x["v_cache"].cpu().double()
 
 
+def _compare(backend, case, expected, sdpa_out, device, dtype) -> dict:
+    """One backend on one case: its output against the reference and SDPA's, its KV write against the reference's."""
+    ref, ref_k, ref_v = expected
+    try:
+        out, k_pool, v_pool = _run(backend, case, device, dtype)
+    except Exception as exc:  # one backend's failure is its result, not the part's
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"max_abs_vs_reference": (out - ref).abs().max().item(),
+            "max_abs_vs_sdpa": (out - sdpa_out).abs().max().item(),
+            "kv_write_exact": bool(torch.equal(k_pool, ref_k.to(dtype).double())
+                                   and torch.equal(v_pool, ref_v.to(dtype).double())),
+            "finite": bool(torch.isfinite(out).all())}
+
+
+def _passes(result: dict, tolerance: float) -> bool:
+    return "error" not in result and result["finite"] and result["kv_write_exact"] \
+        and result["max_abs_vs_reference"] <= tolerance
+
+
 def run(ctx: PartContext) -> None:
     device = ctx.device()
     dims, specs = case_specs(ctx.mode)
@@ -52,37 +71,26 @@ def run(ctx: PartContext) -> None:
                                                                      "chunks": [list(c) for c in s.chunks]}
                                                             for s in specs}})
     results: dict = {}
-    worst: dict[str, float] = {}
     cases = [make_case(spec, dims, seed=i) for i, spec in enumerate(specs)]
     for dtype_name, dtype in DTYPES.items():
-        refs = [reference(c, dtype) for c in cases]
-        sdpa_outs = [_run(select_backend(device, dims.block_size, "sdpa", dtype), c, device, dtype)[0]
-                     for c in cases]
+        expected = [reference(c, dtype) for c in cases]
+        sdpa = select_backend(device, dims.block_size, "sdpa", dtype)
+        sdpa_outs = [_run(sdpa, c, device, dtype)[0] for c in cases]
         for name in BACKENDS:
-            backend, reason = _backend(name, device, dims.block_size, dtype, ctx.dry)
             key = f"{name}/{dtype_name}"
+            backend, reason = _backend(name, device, dims.block_size, dtype, ctx.dry)
             if backend is None:
                 results[key] = {"status": "unavailable", "reason": reason}
-                ctx.save("backends", results)
-                continue
-            per_case = {}
-            for case, (ref, ref_k, ref_v), sdpa in zip(cases, refs, sdpa_outs):
-                try:
-                    out, k_pool, v_pool = _run(backend, case, device, dtype)
-                except Exception as exc:  # one backend's failure is its result, not the part's
-                    per_case[case.spec.name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
-                    continue
-                err = (out - ref).abs().max().item()
-                per_case[case.spec.name] = {
-                    "max_abs_vs_reference": err, "max_abs_vs_sdpa": (out - sdpa).abs().max().item(),
-                    "kv_write_exact": bool(torch.equal(k_pool, ref_k.to(dtype).double())
-                                           and torch.equal(v_pool, ref_v.to(dtype).double())),
-                    "finite": bool(torch.isfinite(out).all())}
-                worst[key] = max(worst.get(key, 0.0), err)
-            ok = all(c.get("finite") and c.get("kv_write_exact") and c["max_abs_vs_reference"] <= TOLERANCE[dtype_name]
-                     for c in per_case.values() if "error" not in c) and all("error" not in c for c in per_case.values())
-            results[key] = {"status": "ok" if ok else "mismatch", "backend": backend.name,
-                            "tolerance": TOLERANCE[dtype_name], "cases": per_case}
+            else:
+                per_case = {c.spec.name: _compare(backend, c, e, o, device, dtype)
+                            for c, e, o in zip(cases, expected, sdpa_outs)}
+                ok = all(_passes(r, TOLERANCE[dtype_name]) for r in per_case.values())
+                results[key] = {"status": "ok" if ok else "mismatch", "backend": backend.name,
+                                "tolerance": TOLERANCE[dtype_name], "cases": per_case}
             ctx.save("backends", results)
+    worst = {k: max(c.get("max_abs_vs_reference", float("nan")) for c in r["cases"].values())
+             for k, r in results.items() if "cases" in r}
+    unavailable = [k for k, r in results.items() if r["status"] == "unavailable"]
     ctx.save("headline", "max abs vs fp64 reference: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
-             + "; unavailable: " + (", ".join(k for k, r in results.items() if r["status"] == "unavailable") or "none"))
+             + f"; mismatch: {[k for k, r in results.items() if r['status'] == 'mismatch'] or 'none'}"
+             + f"; unavailable: {', '.join(unavailable) or 'none'}")

@@ -157,7 +157,8 @@ def _run_part(opts: BenchOptions, part: str, work: Path, env: dict, started: flo
             continue
         rec = run_task(opts, part, task, min(limit, left), work, env)
         records[task or part] = rec
-        progress(f"{label:<20} {rec['status']:<8} {rec['wall_s']:6.1f} s  {rec['result'].get('headline') or rec['error'] or ''}")
+        note = rec["result"].get("headline") or rec["error"] or ""
+        progress(f"{label:<20} {rec['status']:<8} {rec['wall_s']:6.1f} s  {note}")
     if tasks(part, opts.mode) == (None,):
         return records[part]
     return {"status": _part_status(records), "wall_s": sum(r.get("wall_s", 0.0) for r in records.values()),

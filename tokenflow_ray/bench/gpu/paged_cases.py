@@ -75,7 +75,9 @@ def make_case(spec: CaseSpec, dims: Dims, seed: int) -> Case:
 
 
 def cast(case: Case, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return {name: getattr(case, name).to(dtype).to(device) for name in ("q", "k", "v", "k_cache", "v_cache")}
+    """Fresh copies (always: a backend writes into the pools, and the case must stay as drawn for the next one)."""
+    return {name: getattr(case, name).to(device=device, dtype=dtype, copy=True)
+            for name in ("q", "k", "v", "k_cache", "v_cache")}
 
 
 def reference(case: Case, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
