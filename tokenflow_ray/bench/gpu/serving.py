@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from tokenflow_ray.bench.gpu.context import COMMIT_ENV, PartContext, write_json_atomic
 from tokenflow_ray.bench.gpu.slow_steps import slow_step_share
-from tokenflow_ray.bench.gpu.steps import drive, model_config, prompt_ids
+from tokenflow_ray.bench.gpu.steps import Drive, drive, model_config, prompt_ids
 from tokenflow_ray.bench.workloads import RequestSpec
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
@@ -102,7 +102,15 @@ def run(ctx: PartContext) -> None:
             series.append([round(now, 2), st.num_running, st.num_preempted, st.num_waiting, counts["tokens"]])
             ctx.save("progress", {"t_s": round(now, 2), **counts})
 
-    result = drive(engine, deadline=ctx.deadline - EXTRA_MARGIN_S, on_step=on_step)
+    result = Drive()
+    try:
+        drive(engine, deadline=ctx.deadline - EXTRA_MARGIN_S, on_step=on_step, into=result)
+    except Exception:  # the steps so far still make a file (stopped early); the error is the part's
+        result.stopped_early = True
+        write_json_atomic(ctx.out_dir / file_name(ctx), _file(ctx, engine, setup, requests, result, series, copies,
+                                                              load_s, start, counts["tokens"], device))
+        ctx.save("file", file_name(ctx))
+        raise
     out = _file(ctx, engine, setup, requests, result, series, copies, load_s, start, counts["tokens"], device)
     write_json_atomic(ctx.out_dir / file_name(ctx), out)
     slow = slow_step_share(out["samples"], out["wall_s"]) if out["samples"] else None

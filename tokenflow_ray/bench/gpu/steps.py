@@ -76,12 +76,14 @@ class Drive:
 
 
 def drive(engine: LLMEngine, deadline: float | None = None,
-          on_step: Callable[[TimedStep, list[StreamOutput]], None] | None = None) -> Drive:
+          on_step: Callable[[TimedStep, list[StreamOutput]], None] | None = None, into: Drive | None = None) -> Drive:
     """Step until nothing is left (or time.monotonic() passes `deadline`: `stopped_early`), timing each step
-    whole, as the H200 runs did (sim/validate.py's run_real)."""
-    out = Drive()
+    whole, as the H200 runs did (sim/validate.py's run_real). `into`: filled as it goes, so a caller keeps the
+    steps so far when a step raises."""
+    out = into if into is not None else Drive()
     start = time.monotonic()
     while engine.has_unfinished():
+        out.wall_s = time.monotonic() - start
         if deadline is not None and time.monotonic() >= deadline:
             out.stopped_early = True
             break
