@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 
 from tokenflow_ray.bench.gpu.context import COMMIT_ENV, PartContext, write_json_atomic
 from tokenflow_ray.bench.gpu.slow_steps import slow_step_share
@@ -70,48 +70,53 @@ def file_name(ctx: PartContext) -> str:
     return f"setup_a_{_setup(ctx)['tag']}_{ctx.task}.json"
 
 
+@dataclass
+class _Run:
+    """What a serving run collects as it goes."""
+
+    load_s: float
+    start: float  # the burst's start on the engine's clock
+    steps: Drive = field(default_factory=Drive)
+    series: list[list] = field(default_factory=list)  # once a second: t, running, paused, waiting, tokens so far
+    copies: list[float] = field(default_factory=list)  # bytes/s of each step's copy job
+    tokens: int = 0
+
+
 def run(ctx: PartContext) -> None:
     policy = ctx.task
     if policy is None:
         raise ValueError("serving: the task is the policy (fcfs, tokenflow or andes)")
     setup = _setup(ctx)
-    device = ctx.device()
+    ctx.device()  # a clear error without CUDA, before the load
     requests = scaled_requests(setup["scale"], setup["count"])
     t = time.perf_counter()
     engine = LLMEngine.from_config(engine_config(ctx, len(requests)))
-    load_s = time.perf_counter() - t
-    ctx.save("load_s", load_s)
+    ctx.save("load_s", time.perf_counter() - t)
     engine.generate([[1] * 8], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, not recorded
     engine.finished_records.clear()
-    start = engine.clock.now()
+    run = _Run(load_s=ctx.result["load_s"], start=engine.clock.now())
     for r in requests:
         engine.add_request(prompt_ids(r.index, r.prompt_len), SamplingParams(max_tokens=r.output_len, ignore_eos=True),
-                           stream_id=f"req-{r.index}", arrival_time=start + r.arrival_s, rate=r.rate)
-    series: list[list] = []  # once a second: t, running, paused, waiting, tokens so far
-    copies: list[float] = []  # bytes/s of each step's copy job
-    counts = {"tokens": 0, "steps": 0}
+                           stream_id=f"req-{r.index}", arrival_time=run.start + r.arrival_s, rate=r.rate)
 
     def on_step(step, outputs) -> None:
-        counts["tokens"] += sum(len(o.token_ids) for o in outputs)
-        counts["steps"] += 1
+        run.tokens += sum(len(o.token_ids) for o in outputs)
         if step.copy_bytes and step.copy_s > 0:
-            copies.append(step.copy_bytes / step.copy_s)
-        now = engine.clock.now() - start
-        if not series or now >= series[-1][0] + SERIES_EVERY_S:
+            run.copies.append(step.copy_bytes / step.copy_s)
+        now = engine.clock.now() - run.start
+        if not run.series or now >= run.series[-1][0] + SERIES_EVERY_S:
             st = engine.stats()
-            series.append([round(now, 2), st.num_running, st.num_preempted, st.num_waiting, counts["tokens"]])
-            ctx.save("progress", {"t_s": round(now, 2), **counts})
+            run.series.append([round(now, 2), st.num_running, st.num_preempted, st.num_waiting, run.tokens])
+            ctx.save("progress", {"t_s": round(now, 2), "tokens": run.tokens, "steps": len(run.steps.steps)})
 
-    result = Drive()
     try:
-        drive(engine, deadline=ctx.deadline - EXTRA_MARGIN_S, on_step=on_step, into=result)
+        drive(engine, deadline=ctx.deadline - EXTRA_MARGIN_S, on_step=on_step, into=run.steps)
     except Exception:  # the steps so far still make a file (stopped early); the error is the part's
-        result.stopped_early = True
-        write_json_atomic(ctx.out_dir / file_name(ctx), _file(ctx, engine, setup, requests, result, series, copies,
-                                                              load_s, start, counts["tokens"], device))
+        run.steps.stopped_early = True
+        write_json_atomic(ctx.out_dir / file_name(ctx), _file(ctx, engine, setup, requests, run))
         ctx.save("file", file_name(ctx))
         raise
-    out = _file(ctx, engine, setup, requests, result, series, copies, load_s, start, counts["tokens"], device)
+    out = _file(ctx, engine, setup, requests, run)
     write_json_atomic(ctx.out_dir / file_name(ctx), out)
     slow = slow_step_share(out["samples"], out["wall_s"]) if out["samples"] else None
     ctx.save("file", file_name(ctx))
@@ -126,24 +131,25 @@ def run(ctx: PartContext) -> None:
              f"{_num(s['ttft_p99_s'])} s, raw {_num(s['raw_tput'])} tok/s, effective {_num(s['effective_tput'])} tok/s")
 
 
-def _file(ctx, engine, setup, requests, result, series, copies, load_s, start, produced, device) -> dict:
+def _file(ctx: PartContext, engine: LLMEngine, setup: dict, requests: list[RequestSpec], run: _Run) -> dict:
+    """The run in the shared files' format (FILE_KEYS, in order)."""
     sched = engine.scheduler
     live = [s.record for s in sched.streams.values()]
     records = list(engine.finished_records) + live
     for r in records:  # times from the burst's start, as the baseline files (and the simulator) count them
-        r.arrival_s -= start
-        r.token_times[:] = [x - start for x in r.token_times]
+        r.arrival_s -= run.start
+        r.token_times[:] = [x - run.start for x in r.token_times]
     summary = summarize(records, bytes_to_host=sched.bytes_to_host, bytes_from_host=sched.bytes_from_host)
     costs = sched.preempt_costs_s
     cc, sc = engine.config.cache, engine.config.scheduler
     return {
-        "policy": ctx.task, "device": device.type, "scale": setup["scale"], "requests": len(requests),
-        "finished": sum(r.finished for r in records), "stopped_early": result.stopped_early, "load_s": load_s,
+        "policy": ctx.task, "device": engine.runner.device.type, "scale": setup["scale"], "requests": len(requests),
+        "finished": sum(r.finished for r in records), "stopped_early": run.steps.stopped_early, "load_s": run.load_s,
         "device_blocks": cc.num_device_blocks, "host_blocks": cc.num_host_blocks,
-        "backend": engine.runner.backend.name, "wall_s": result.wall_s, "summary": summary.to_dict(),
+        "backend": engine.runner.backend.name, "wall_s": run.steps.wall_s, "summary": summary.to_dict(),
         "fit": asdict(sched.cost.fit), "preempt_costs_s_mean": statistics.mean(costs) if costs else None,
-        "swap_preemptions": len(costs), "copy_bytes_s_median": statistics.median(copies) if copies else None,
-        "samples": [s.sample_row() for s in result.steps], "series": series, "tokens_generated_all": produced,
+        "swap_preemptions": len(costs), "copy_bytes_s_median": statistics.median(run.copies) if run.copies else None,
+        "samples": [s.sample_row() for s in run.steps.steps], "series": run.series, "tokens_generated_all": run.tokens,
         "probe_wall_s": time.monotonic() - ctx.started,
         "request_list": [[r.index, r.arrival_s, r.prompt_len, r.output_len, r.rate] for r in requests],
         "request_list_columns": list(REQUEST_COLUMNS),
