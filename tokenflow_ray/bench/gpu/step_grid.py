@@ -66,6 +66,8 @@ def roofline(engine: LLMEngine, steps: list, device) -> dict:
     model = engine.runner.model
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("embed"))
     decodes = [s for s in steps if s.shape.decodes and not s.shape.prefill_tokens]
+    if not decodes:
+        return {"of_roofline": None, "reason": "no decode-only step ran (the point was cut by the part's limit)"}
     kv_bytes = statistics.median(s.shape.decode_context for s in decodes) * engine.runner.info.kv_bytes_per_token
     out = {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "step_ms": decode_step_ms(steps),
            "model_ms": decode_step_ms(steps, "model_s")}
