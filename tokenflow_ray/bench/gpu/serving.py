@@ -6,8 +6,8 @@ The setup, as the baseline ran it: 400 streams at t=0 read at 20 tok/s by the en
 and outputs of `setup_requests(paper_setup("h200", "a"), seed=0)` x 1/8 (rounded, at least 8 / 16 tokens), pool
 1,734 device / 6,936 host blocks of 16 tokens, max_num_seqs 256, 8192 tokens a step, default policy configs, a
 4-token warm-up before. A run still going at its deadline stops (`stopped_early`) with the summary of every
-stream so far. Beside the file: issue 34's slow-step share (slow_steps.py). A dry run: 16 streams at 1/64 on the
-CPU (`setup_a_dry_<policy>.json`, same format).
+stream so far. Beside the file: issue 34's slow-step share (slow_steps.py). A dry run: 16 streams at 1/128 on
+the CPU (`setup_a_dry_<policy>.json`, same format).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def scaled_requests(scale: float, count: int | None = None) -> list[RequestSpec]
 
 def _setup(ctx: PartContext) -> dict:
     if ctx.dry:
-        return {"scale": 1 / 64, "count": 16, "pool": (24, 96), "max_num_seqs": 16, "budget": 256, "tag": "dry",
+        return {"scale": 1 / 128, "count": 16, "pool": (16, 64), "max_num_seqs": 16, "budget": 256, "tag": "dry",
                 "model": "embedded model shape, random fp32 weights (dry run, CPU)"}
     return {"scale": 1 / 8, "count": None, "pool": (1734, 6936), "max_num_seqs": 256, "budget": 8192,
             "tag": "eighth", "model": "Llama-3-8B shape, random bf16 weights"}
