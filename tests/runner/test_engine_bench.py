@@ -46,3 +46,20 @@ def test_profile_only_runs_the_step_profile_alone(tiny_llama_dir):
     assert min(r["step_ms"] for r in out["runs"]) <= out["profile"]["step_ms"] <= max(r["step_ms"] for r in out["runs"])
     with pytest.raises(ValueError, match="profile batch"):
         run_step_profile(dataclasses.replace(cfg, profile_batch=None))
+
+
+def test_engine_bench_runs_dummy_weights_and_rejects_what_dummy_cannot_do(tiny_llama_dir, capsys):
+    """--load-format dummy: ours on random weights of the model's shape, HF on a model built from the same config."""
+    cfg = EngineBenchConfig(model=str(tiny_llama_dir), batches=(2,), prompt_len=8, new_tokens=4, repeats=1,
+                            mixed_requests=2, mixed_min_tokens=2, mixed_max_tokens=4, hf_static_batch=2,
+                            generate_batch=False, profile_batch=None, load_format="dummy")
+    out = run_engine_bench(cfg, progress=lambda _: None)
+    assert out["config"]["load_format"] == "dummy" and out["results"]["2"]["ours_tok_s"] > 0
+    with pytest.raises(ValueError, match="load_format: expected one of auto, dummy"):
+        dataclasses.replace(cfg, load_format="random")
+    with pytest.raises(ValueError, match="vLLM loads a checkpoint"):
+        dataclasses.replace(cfg, peer="vllm")
+    from tokenflow_ray.cli import main
+
+    assert main(["bench", "engine", "--model", "llama3-8b", "--batch", "1"]) == 2  # a preset needs dummy weights
+    assert "load_format='dummy'" in capsys.readouterr().err

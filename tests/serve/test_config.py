@@ -27,6 +27,14 @@ def test_config_validates_and_builds_engine_config():
         ServeConfig.from_dict({"modle": "x"})
 
 
+def test_load_format_reaches_the_engine_config():
+    assert ServeConfig(model="llama3-8b", load_format="dummy").engine_config().model.load_format == "dummy"
+    with pytest.raises(ValueError, match="load_format='dummy'"):
+        ServeConfig(model="llama3-8b")  # a built-in config has no weights to serve
+    with pytest.raises(ValueError, match="load_format"):
+        ServeConfig(load_format="random")
+
+
 def test_a_mixed_fleet_sizes_each_ranks_device_pool(tmp_path):
     """device_blocks_by_rank: rank i's engine gets entry i's device pool, ranks past the list the default; the rest
     of the config, admission included, is the fleet's."""

@@ -45,7 +45,8 @@ def _engine(args: argparse.Namespace) -> int:
     cfg = EngineBenchConfig(model=args.model, dtype=args.dtype, batches=args.batch, prompt_len=args.prompt_len,
                             new_tokens=args.new_tokens, repeats=args.repeats, generate_batch=not args.no_generate_batch,
                             peer=args.peer, peer_env=args.vllm_env, overlap=args.overlap,
-                            profile_batch=args.profile_batch or None, cpu_gemm=args.cpu_gemm)
+                            profile_batch=args.profile_batch or None, cpu_gemm=args.cpu_gemm,
+                            load_format=args.load_format)
     if args.profile_only:
         from tokenflow_ray.bench.engine_bench import run_step_profile
 
@@ -253,7 +254,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_policies)
 
     p = sub.add_parser("engine", help="decode tok/s: engine vs HF generate and generate_batch, roofline, mixed lengths")
-    p.add_argument("--model", default="embedded")
+    p.add_argument("--model", default="embedded", help="local HF model directory, hub id, 'embedded', or a built-in "
+                                                       "config (llama3-8b, qwen2-7b, qwen2.5-32b: --load-format dummy)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights from the model's config, no checkpoint read")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--batch", type=_int_list, default=(1, 8, 32, 64), help="comma-separated batch sizes")
     p.add_argument("--prompt-len", type=int, default=64)

@@ -20,7 +20,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tokenflow_ray.bench.roofline import model_roofline
-from tokenflow_ray.engine.config import CPU_GEMMS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenflow_ray.engine.config import (
+    CPU_GEMMS,
+    LOAD_FORMATS,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 
@@ -48,6 +55,9 @@ class EngineBenchConfig:
     overlap: bool = False
     profile_batch: int | None = 32  # where a decode step's time goes at this batch (None: skip)
     cpu_gemm: str = "auto"  # the linear layers' kernel (ModelConfig.cpu_gemm): auto, tokenflow or onednn
+    # ModelConfig.load_format. dummy: random weights from the model's config (a preset such as llama3-8b needs
+    # no checkpoint); HF then runs a model built from the same config (its own random weights: speed only).
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.batches or any(b <= 0 for b in self.batches):
@@ -60,6 +70,11 @@ class EngineBenchConfig:
             raise ValueError(f"peer: expected 'vllm', got {self.peer!r}")
         if self.cpu_gemm not in CPU_GEMMS:
             raise ValueError(f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format: expected one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        if self.peer is not None and self.load_format == "dummy":
+            raise ValueError("peer: vLLM loads a checkpoint; run it with load_format auto, not dummy")
+        ModelConfig(model=self.model, load_format=self.load_format)  # a preset without dummy: its error now
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -95,7 +110,8 @@ def bench_engine(cfg: EngineBenchConfig) -> LLMEngine:
     ctx = cfg.prompt_len + max(cfg.new_tokens, cfg.mixed_max_tokens)
     block = 16
     return LLMEngine.from_config(EngineConfig(
-        model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu", cpu_gemm=cfg.cpu_gemm),
+        model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu", cpu_gemm=cfg.cpu_gemm,
+                          load_format=cfg.load_format),
         cache=CacheConfig(block_size=block, num_device_blocks=max_batch * (-(-ctx // block)) + 8),
         scheduler=SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * 4))))
 
@@ -136,7 +152,10 @@ class _Systems:
         self.engine = bench_engine(cfg)
         self.vocab = self.engine.runner.info.vocab_size
         dtype = self.engine.runner.dtype
-        self.hf = AutoModelForCausalLM.from_pretrained(self.engine.runner.model_dir, dtype=dtype).eval()
+        if cfg.load_format == "dummy":  # no checkpoint to read (or not read): the same shape, HF's random init
+            self.hf = AutoModelForCausalLM.from_config(self.engine.runner.model.config, dtype=dtype).eval()
+        else:
+            self.hf = AutoModelForCausalLM.from_pretrained(self.engine.runner.model_dir, dtype=dtype).eval()
         self.pad = self.engine.tokenizer.pad_token_id or 0
 
     def ours(self, prompts: Sequence[Sequence[int]], lengths: Sequence[int], overlap: bool) -> int:

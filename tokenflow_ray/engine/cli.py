@@ -14,7 +14,7 @@ def _generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
     engine = LLMEngine.from_config(EngineConfig(model=ModelConfig(model=args.model, dtype=args.dtype,
-                                                                  device=args.device)))
+                                                                  device=args.device, load_format=args.load_format)))
     if args.stream:
         for out in engine.stream(args.prompt, sampling):
             sys.stdout.write(out.text)
@@ -27,7 +27,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt with the engine")
-    p.add_argument("--model", default="embedded", help="local HF model directory, hub id, or 'embedded'")
+    p.add_argument("--model", default="embedded", help="local HF model directory, hub id, 'embedded', or a built-in "
+                                                       "config (llama3-8b, qwen2-7b, qwen2.5-32b: --load-format dummy)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights from the model's config, no checkpoint read (text is meaningless)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)

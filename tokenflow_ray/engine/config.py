@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from tokenflow_ray.engine.policies import POLICY_NAMES, AndesConfig, TokenFlowConfig
 
 EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
+# Built-in model configs (models/presets.py): the shape of a real model with no checkpoint, so they load only with
+# load_format "dummy" (random weights). The names are the simulator's (sim/hardware.py).
+MODEL_PRESETS = ("llama3-8b", "qwen2-7b", "qwen2.5-32b")
+# ModelConfig.load_format, vLLM's names: auto reads the checkpoint's safetensors; dummy builds the model from its
+# config with random weights drawn on the device (benchmarks of any shape without a checkpoint).
+LOAD_FORMATS = ("auto", "dummy")
 CPU_GEMMS = ("auto", "tokenflow", "onednn")  # ModelConfig.cpu_gemm (models/packed_linear.py)
 KV_LAYOUTS = ("auto", "layer_major", "block_major")  # CacheConfig.kv_layout (runner/kv_pool.py)
 ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "cpu_paged", "triton")  # ModelConfig.attention_backend
@@ -20,7 +26,7 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = EMBEDDED_MODEL  # local HF model directory, hub id, or "embedded"
+    model: str = EMBEDDED_MODEL  # local HF model directory, hub id, "embedded", or a preset (MODEL_PRESETS)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     device: str = "auto"  # auto: cuda if available else cpu
     max_model_len: int | None = None  # None: the model config's max_position_embeddings
@@ -39,9 +45,18 @@ class ModelConfig:
     attention_backend: str = "auto"
     # True: no CUDA graphs, every decode step launched kernel by kernel (vLLM's name). CUDA only.
     enforce_eager: bool = False
+    # auto: the checkpoint's weights; dummy: random weights (normal, std 0.02, norms 1, seeded by `seed`) drawn on
+    # the device from the model's config: a preset's, or a directory's config.json (its weights unread).
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
-        _require(bool(self.model), "model: must name a local directory, a hub id or 'embedded'")
+        _require(bool(self.model), "model: must name a local directory, a hub id, 'embedded' or a preset "
+                                   f"({', '.join(MODEL_PRESETS)})")
+        _require(self.load_format in LOAD_FORMATS,
+                 f"load_format: expected one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        _require(self.model not in MODEL_PRESETS or self.load_format == "dummy",
+                 f"model: {self.model!r} is a built-in config with no weights; it loads only with "
+                 f"load_format='dummy' (random weights)")
         _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype: unknown dtype {self.dtype!r}")
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
                  f"device: expected auto, cpu or cuda[:N], got {self.device!r}")

@@ -1,11 +1,13 @@
-"""Device checks for a CUDA machine (not run in CI): paged attention parity, KV spill round trip, copy/compute
-overlap, 8B step time.
+"""Device checks: paged attention parity, the KV spill round trip, host<->device copy bandwidth and its overlap
+with compute, KV block copies through `KVTransfer`.
 
-`python jobs/gpu_check.py --json out.json` runs them all; each function is also usable from tests (on CPU).
+`jobs/gpu_bench.py` runs them on a GPU (parts `copies`, `attention`: tokenflow_ray/bench/gpu/); all but
+`copy_overlap` also run on the CPU (tests, and the bench's dry run).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -80,160 +82,118 @@ def kv_transfer_roundtrip(device: str = "cuda", overlap: bool = True) -> dict:
         transfer.close()
 
 
-def copy_overlap(device: str = "cuda", blocks: int = 512, block_mb: float = 2.0) -> dict:
-    """Time a matmul loop alone, host->device copies alone, and both together on separate streams."""
-    dev = torch.device(device)
-    host = torch.empty(blocks, int(block_mb * 2 ** 20 / 2), dtype=torch.bfloat16, pin_memory=True)
-    dst = torch.empty_like(host, device=dev)
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    side = torch.cuda.Stream(device=dev)
+def _sync(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
-    def compute() -> None:
-        for _ in range(20):
-            a @ a
 
-    def copy() -> None:
-        with torch.cuda.stream(side):
-            dst.copy_(host, non_blocking=True)
-
-    def timed(fn) -> float:
-        torch.cuda.synchronize(dev)
+def _timed(fn, sync, repeats: int = 1) -> float:
+    """Median seconds of `fn` over `repeats`, the device synchronised around each."""
+    times = []
+    for _ in range(repeats):
+        sync()
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize(dev)
-        return time.perf_counter() - t
-
-    compute(), copy()
-    t_compute, t_copy = timed(compute), timed(copy)
-    t_both = timed(lambda: (copy(), compute()))
-    return {"compute_s": t_compute, "copy_s": t_copy, "both_s": t_both,
-            "overlap_fraction": (t_compute + t_copy - t_both) / min(t_compute, t_copy),
-            "copy_gb_s": host.numel() * 2 / t_copy / 1e9}
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
-def llama8b_step_time(device: str = "cuda", batch: int = 32, context: int = 1024, backend: str = "auto") -> dict:
-    """Decode step time of a Llama-3-8B-shaped model with random weights, through our runner's model code."""
-    from transformers import LlamaConfig
+def _matmuls(device: torch.device, size: int, dtype: torch.dtype, n: int = 20):
+    a = torch.randn(size, size, device=device, dtype=dtype)
 
-    from tokenflow_ray.models.llama import LlamaForPagedLM
-    from tokenflow_ray.runner.attention import select_backend
-
-    dev = torch.device(device)
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                      rope_theta=500000.0)
-    with torch.device("meta"):
-        model = LlamaForPagedLM(cfg)
-    model = model.to_empty(device=dev).to(torch.bfloat16)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    model.build_rope_tables(8192, dev)
-    block = 256
-    nblocks = batch * (-(-context // block)) + 1  # the last one is spare: the CUDA graph's padding writes there
-    pool = KVPool(32, nblocks, block, 8, 128, torch.bfloat16, dev)
-    kv = pool.layers
-    attn = select_backend(dev, block, backend, contiguous_layers=not pool.block_major)
-    width = -(-context // block)
-    tables = torch.arange(batch * width, device=dev).view(batch, width)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
-    slots = tables[:, -1] * block + (context - 1) % block
-    mask = (torch.arange(width * block, device=dev)[None, :] < lens[:, None]).view(batch, 1, 1, -1)
-    meta = AttentionMetadata(slot_mapping=slots.long(), num_decodes=batch,
-                             decode_block_tables=tables.int() if attn.name == "flash" else tables,
-                             decode_seq_lens=lens, decode_mask=mask if attn.name == "sdpa" else None, prefills=[],
-                             scale=128 ** -0.5)
-    ids = torch.randint(0, 128256, (batch,), device=dev)
-    pos = torch.full((batch,), context - 1, device=dev)
-
-    def timed(fn, n: int = 10) -> float:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize(dev)
-        t = time.perf_counter()
+    def compute() -> None:
         for _ in range(n):
-            fn()
-        torch.cuda.synchronize(dev)
-        return (time.perf_counter() - t) / n
+            a @ a
+    return compute
 
-    with torch.inference_mode():
-        step = timed(lambda: model.compute_logits(model(ids, pos, kv, meta, attn)))
-        out = {"backend": attn.name, "batch": batch, "context": context, "step_ms": step * 1e3, "tok_s": batch / step}
-        if attn.name == "flash":  # decode CUDA graph of this batch, padding into the spare last block
-            from tokenflow_ray.runner.cuda_graphs import CopyInInputs, DecodeGraphs, run_copied_in
 
-            inputs = CopyInInputs(batch, width, block, scratch_block=nblocks - 1, device=dev, scale=meta.scale)
-            graphs = DecodeGraphs(lambda i, p, m: model(i, p, kv, m, attn), [batch], inputs.views)
-            eager_h = model(ids, pos, kv, meta, attn)
-            graph_h = run_copied_in(graphs, inputs, ids, pos, meta)
-            out["graph_vs_eager_max_abs"] = float((graph_h.float() - eager_h.float()).abs().max())
-            g_step = timed(lambda: model.compute_logits(run_copied_in(graphs, inputs, ids, pos, meta)))
-            out.update(graph_step_ms=g_step * 1e3, graph_tok_s=batch / g_step)
-    # HBM roofline: every weight but the embedding and the whole context's KV read once per step
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("embed"))
-    kv_bytes = batch * context * 32 * 2 * 8 * 128 * 2
-    bw = hbm_bandwidth(dev)
-    roof_ms = (weight_bytes + kv_bytes) / bw * 1e3
-    best = min(out["step_ms"], out.get("graph_step_ms", out["step_ms"]))
-    out.update(hbm_gb_s=bw / 1e9, roofline_ms=roof_ms, of_roofline=roof_ms / best)
-    return out
+def copy_overlap(device: str = "cuda", blocks: int = 512, block_mb: float = 2.0) -> dict:
+    """Pinned host<->device copies (CUDA): host->device and device->host alone, both at once (each on its own
+    stream), and host->device beside a bf16 matmul loop on another stream."""
+    dev = torch.device(device)
+    host = torch.empty(blocks, int(block_mb * 2 ** 20 / 2), dtype=torch.bfloat16, pin_memory=True)
+    host_back = torch.empty_like(host, pin_memory=True)
+    dst = torch.empty_like(host, device=dev)
+    src = torch.randn(host.shape, device=dev).to(torch.bfloat16)
+    h2d_stream, d2h_stream = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
+    sync, compute = _sync(dev), _matmuls(dev, 8192, torch.bfloat16)
+
+    def h2d() -> None:
+        with torch.cuda.stream(h2d_stream):
+            dst.copy_(host, non_blocking=True)
+
+    def d2h() -> None:
+        with torch.cuda.stream(d2h_stream):
+            host_back.copy_(src, non_blocking=True)
+
+    compute(), h2d(), d2h()  # warm-up
+    t_compute, t_h2d, t_d2h = _timed(compute, sync, 3), _timed(h2d, sync, 3), _timed(d2h, sync, 3)
+    t_bidir = _timed(lambda: (h2d(), d2h()), sync, 3)
+    t_both = _timed(lambda: (h2d(), compute()), sync, 3)
+    gb = host.numel() * 2 / 1e9
+    return {"bytes": host.numel() * 2, "compute_s": t_compute, "copy_s": t_h2d, "both_s": t_both,
+            "overlap_fraction": (t_compute + t_h2d - t_both) / min(t_compute, t_h2d), "copy_gb_s": gb / t_h2d,
+            "d2h_gb_s": gb / t_d2h, "bidirectional_gb_s_each": gb / t_bidir}
 
 
 def hbm_bandwidth(device: torch.device, mb: int = 1024) -> float:
-    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    """Bytes/s of a large device-to-device copy (read + write counted); on the CPU, of a memory copy."""
     x = torch.empty(mb * 2 ** 20, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
+    sync = _sync(device)
     for _ in range(3):
         y.copy_(x)
-    torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    torch.cuda.synchronize(device)
-    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+    return 2 * x.numel() / _timed(lambda: y.copy_(x), sync, 10)
 
 
-def kv_copy_overlap(device: str = "cuda", blocks: int = 16) -> dict:
-    """KVTransfer's evict/load streams beside compute: a step's worth of matmuls alone, the same with 2x`blocks`
-    8B-shaped KV blocks (256 tokens) copied out and in per launch, and the copies alone; the join must not stall
-    the host before compute (launch_ms is the host time to enqueue everything)."""
+def kv_copy_overlap(device: str = "cuda", blocks: int = 64, block_size: int = 16, layers: int = 32,
+                    kv_heads: int = 8, head_dim: int = 128, dtype: torch.dtype = torch.bfloat16,
+                    matmul: int = 8192, repeats: int = 5) -> dict:
+    """KV block copies through `KVTransfer`'s public methods (launch, wait, host_block), beside compute: `blocks`
+    device blocks out to the host (write-through) alone, `blocks` others in (loads) alone, both in one plan, and
+    both beside a matmul loop (launch_ms: the host time to enqueue them; overlap_fraction: the share of the
+    shorter of copies and compute hidden under the other). Every copied block must equal its source."""
     from tokenflow_ray.engine.plan import BlockCopy, StepPlan
     from tokenflow_ray.runner.kv_transfer import KVTransfer
 
     dev = torch.device(device)
-    pool = KVPool(32, 4 * blocks, 256, 8, 128, torch.bfloat16, dev)
-    pool.tensor.normal_()
+    sync = _sync(dev)
+    pool = KVPool(layers, 4 * blocks, block_size, kv_heads, head_dim, dtype, dev)
+    pool.tensor.copy_(torch.randn(pool.tensor.shape, device=dev))
     transfer = KVTransfer(pool, num_host_blocks=2 * blocks)
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    plan = StepPlan(0, write_through=tuple(BlockCopy("a", i, i) for i in range(blocks)),
-                    swap_in=tuple(BlockCopy("b", 2 * blocks + i, blocks + i) for i in range(blocks)))
+    try:
+        out = StepPlan(0, write_through=tuple(BlockCopy("a", i, i) for i in range(blocks)))
+        seed = StepPlan(0, write_through=tuple(BlockCopy("b", blocks + i, blocks + i) for i in range(blocks)))
+        load = StepPlan(0, swap_in=tuple(BlockCopy("b", 2 * blocks + i, blocks + i) for i in range(blocks)))
+        both = StepPlan(0, write_through=out.write_through, swap_in=load.swap_in)
+        transfer.wait(transfer.launch(seed))  # the host blocks the loads read
+        compute = _matmuls(dev, matmul, dtype)
+        launch_s: list[float] = []
 
-    def compute() -> None:
-        for _ in range(20):
-            a @ a
+        def overlapped() -> None:
+            t = time.perf_counter()
+            handle = transfer.launch(both)
+            launch_s.append(time.perf_counter() - t)
+            compute()
+            transfer.wait(handle)
 
-    def timed(fn) -> float:
-        torch.cuda.synchronize(dev)
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize(dev)
-        return time.perf_counter() - t
-
-    launch_s: list[float] = []
-
-    def both() -> None:
-        t = time.perf_counter()
-        handle = transfer.launch(plan)
-        launch_s.append(time.perf_counter() - t)
-        compute()
-        transfer.wait(handle)
-
-    compute(), both()
-    t_compute = timed(compute)
-    t_copy = timed(lambda: transfer.wait(transfer.launch(plan)))
-    t_both = timed(both)
-    loaded = pool.blocks(torch.arange(2 * blocks, 3 * blocks, device=dev))
-    host = torch.stack([transfer.host_block(blocks + i) for i in range(blocks)]).to(dev)
-    roundtrip = float((loaded.float() - host.float()).abs().max())
-    return {"compute_s": t_compute, "copy_s": t_copy, "both_s": t_both, "launch_ms": launch_s[-1] * 1e3,
-            "overlap_fraction": (t_compute + t_copy - t_both) / min(t_compute, t_copy),
-            "copy_gb_s": 2 * blocks * transfer.block_bytes / t_copy / 1e9, "load_matches_host_max_abs": roundtrip}
+        compute(), overlapped()  # warm-up
+        launch_s.clear()
+        t_out = _timed(lambda: transfer.wait(transfer.launch(out)), sync, repeats)
+        t_in = _timed(lambda: transfer.wait(transfer.launch(load)), sync, repeats)
+        t_copy = _timed(lambda: transfer.wait(transfer.launch(both)), sync, repeats)
+        t_compute = _timed(compute, sync, repeats)
+        t_both = _timed(overlapped, sync, repeats)
+        sync()
+        block = pool.block
+        exact = all(torch.equal(transfer.host_block(i).cpu(), block(i).cpu()) for i in range(blocks)) and \
+            all(torch.equal(block(2 * blocks + i).cpu(), block(blocks + i).cpu())
+                and torch.equal(transfer.host_block(blocks + i).cpu(), block(blocks + i).cpu())
+                for i in range(blocks))
+        gb = blocks * transfer.block_bytes / 1e9
+        return {"blocks": blocks, "block_size": block_size, "block_bytes": transfer.block_bytes,
+                "out_gb_s": gb / t_out, "in_gb_s": gb / t_in, "copy_gb_s": 2 * gb / t_copy, "copy_s": t_copy,
+                "compute_s": t_compute, "both_s": t_both, "launch_ms": statistics.median(launch_s) * 1e3,
+                "overlap_fraction": (t_compute + t_copy - t_both) / min(t_compute, t_copy), "roundtrip_exact": exact}
+    finally:
+        transfer.close()

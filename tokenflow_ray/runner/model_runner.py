@@ -13,8 +13,7 @@ from tokenflow_ray.engine.config import CacheConfig, EngineConfig
 from tokenflow_ray.engine.plan import StepPlan, StepResult
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
-from tokenflow_ray.models.llama import LlamaForPagedLM
-from tokenflow_ray.models.loader import iter_safetensors, load_hf_config, load_tokenizer, resolve_model_dir
+from tokenflow_ray.models.loader import build_model, load_tokenizer, resolve_model
 from tokenflow_ray.runner.attention import flash_attn_available, select_backend
 from tokenflow_ray.runner.cpu_kernels import build_cpu_kernels
 from tokenflow_ray.runner.kv_pool import KVPool
@@ -86,14 +85,11 @@ class TorchModelRunner:
         if device.type == "cpu":
             tune_malloc_for_inference()  # a step's activations from the heap, not re-faulted mmaps
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        self.model_dir = resolve_model_dir(mc.model)
-        hf_config = load_hf_config(self.model_dir)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        with torch.device("meta"):
-            model = LlamaForPagedLM(hf_config)
-        model = model.to_empty(device=self.device).to(self.dtype)
-        model.load_weights(iter_safetensors(self.model_dir))
-        self.model = model.eval().requires_grad_(False)
+        source = resolve_model(mc.model, mc.load_format)
+        self.model_dir = source.weights_dir  # None: a built-in config (no checkpoint; dummy weights)
+        hf_config = source.hf_config
+        self.tokenizer = load_tokenizer(source.tokenizer_dir)
+        self.model = build_model(source, self.device, self.dtype, mc.load_format, mc.seed)
         if self.device.type == "cpu" and self.dtype == torch.float32 and mc.fused_cpu_ops and \
                 (attention_backend or mc.attention_backend) in ("auto", "cpu_paged"):
             build_cpu_kernels()  # two at a time, before the first of them is asked for
@@ -141,8 +137,9 @@ class TorchModelRunner:
         self._params: dict[str, SamplingParams] = {}
         self._not_greedy: set[str] = set()  # streams that sample (temperature > 0): none, and a step is one argmax
         self._restored: dict[str, bytes] = {}  # imported streams' generator states, until first scheduled
-        log.info("loaded %s (%s, %s, %s attention, %s GEMM, %d KV blocks, %s)", self.model_dir, self.device,
-                 self.dtype, self.backend.name, self.gemm or "default", cc.num_device_blocks, self.kv.layout)
+        log.info("loaded %s (%s weights, %s, %s, %s attention, %s GEMM, %d KV blocks, %s)",
+                 self.model_dir or mc.model, mc.load_format, self.device, self.dtype, self.backend.name,
+                 self.gemm or "default", cc.num_device_blocks, self.kv.layout)
         graphs = (cuda or options.graph_capture is not None) and not mc.enforce_eager and name in ("flash", "triton")
         if cuda if options.warm_up is None else options.warm_up:
             self.warm_up(decode_sizes=not graphs)
@@ -304,7 +301,8 @@ def _eos_ids(hf_config, tokenizer, model_dir) -> frozenset[int]:
     try:
         from transformers import GenerationConfig
 
-        candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+        if model_dir is not None:
+            candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
     except OSError:
         pass  # no generation_config.json
     for c in candidates:

@@ -13,9 +13,9 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenflow_ray.serve.config import ServeConfig
     from tokenflow_ray.serve.local import init_ray
 
-    overrides = {"model": args.model, "replicas": args.replicas, "policy": args.policy, "host": args.host,
-                 "port": args.port, "api_key": args.api_key, "router": args.router,
-                 "http": args.http, "tokenizer_dir": args.tokenizer, "pin_cpus": args.pin_cpus}
+    overrides = {"model": args.model, "load_format": args.load_format, "replicas": args.replicas,
+                 "policy": args.policy, "host": args.host, "port": args.port, "api_key": args.api_key,
+                 "router": args.router, "http": args.http, "tokenizer_dir": args.tokenizer, "pin_cpus": args.pin_cpus}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="deploy the OpenAI-compatible app on local Ray (or RAY_ADDRESS)")
     p.add_argument("--model", help="local HF model directory, hub id, or 'embedded' (default)")
+    p.add_argument("--load-format", choices=["auto", "dummy"],
+                   help="dummy: random weights from the model's config (a built-in config such as llama3-8b needs it)")
     p.add_argument("--replicas", type=int)
     p.add_argument("--policy", help="scheduling policy: tokenflow, andes or fcfs")
     p.add_argument("--router", choices=ROUTERS,

@@ -51,6 +51,7 @@ class ServeConfig:
     model: str = "embedded"  # local HF directory, hub id or "embedded"; also the OpenAI model name served
     dtype: str = "auto"
     device: str = "auto"
+    load_format: str = "auto"  # ModelConfig.load_format (dummy: random weights, for load tests of a model's shape)
     replicas: int = 1
     policy: str = ""  # "": default_policy()
     block_size: int = 16
@@ -198,7 +199,7 @@ class ServeConfig:
     def engine_config(self, rank: int | None = None) -> EngineConfig:
         """The engine config of the replica at Serve rank `rank` (None: the fleet's default)."""
         fleet = EngineConfig(
-            model=ModelConfig(model=self.model, dtype=self.dtype, device=self.device),
+            model=ModelConfig(model=self.model, dtype=self.dtype, device=self.device, load_format=self.load_format),
             cache=CacheConfig(block_size=self.block_size, num_device_blocks=self.num_device_blocks,
                               num_host_blocks=self.num_host_blocks),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
