@@ -1,7 +1,8 @@
 """`tokenflow bench host`: the engine's host time per step, with a device that does nothing (engine/null_runner.py).
 
 Host time is everything `LLMEngine.step()` does but the runner: `begin_step` (arrivals, the policy, the plan) and
-`finish_step` (the result applied, readers and records, outputs built), each timed with `time.perf_counter`.
+`finish_step` (the result applied, readers and records, outputs built), each timed with `time.perf_counter`, and
+on this thread's CPU clock too (`cpu_ms_median`: on a shared box, wall time also counts the waits for a core).
 
 Regime: the H200 serving run's (../shared/data/h200/README.md, setup (a) at 1/8 length): block 16, 1,734 device
 blocks, 6,936 host blocks, max_num_seqs 256, 8192 tokens a step, default policy configs; N streams of setup (a)'s
@@ -68,6 +69,7 @@ class RunTimes:
     """One run's measured steps: host milliseconds per step, split into its two halves."""
 
     total_ms: list[float]
+    cpu_ms: list[float]  # the same steps on this thread's CPU clock: what a shared box's waits do not inflate
     schedule_ms: list[float]  # begin_step
     update_ms: list[float]  # finish_step
     live: list[int]  # live streams at each measured step
@@ -113,14 +115,15 @@ def build_engine(cfg: HostBenchConfig, policy: str, n: int):
 def run_once(cfg: HostBenchConfig, policy: str, n: int) -> RunTimes:
     engine = build_engine(cfg, policy, n)
     runner, clock, perf = engine.runner, engine.clock, time.perf_counter
-    times = RunTimes([], [], [], [], [], 0)
+    cpu = time.thread_time
+    times = RunTimes([], [], [], [], [], [], 0)
     gc.collect()
     for step in range(cfg.warmup + cfg.steps):
         if not engine.has_unfinished():
             break
-        t0 = perf()
+        c0, t0 = cpu(), perf()
         begun = engine.begin_step()
-        t1 = perf()
+        t1, c1 = perf(), cpu()
         measured = step >= cfg.warmup
         if begun.plan is None:
             clock.advance(cfg.step_s)
@@ -130,13 +133,14 @@ def run_once(cfg: HostBenchConfig, policy: str, n: int) -> RunTimes:
         live = engine.scheduler.num_unfinished
         result = runner.execute(begun.plan)
         clock.advance(cfg.step_s)
-        t2 = perf()
+        c2, t2 = cpu(), perf()
         engine.finish_step(begun, result)
-        t3 = perf()
+        t3, c3 = perf(), cpu()
         if measured:
             times.schedule_ms.append((t1 - t0) * 1e3)
             times.update_ms.append((t3 - t2) * 1e3)
             times.total_ms.append((t1 - t0 + t3 - t2) * 1e3)
+            times.cpu_ms.append((c1 - c0 + c3 - c2) * 1e3)
             times.live.append(live)
             times.batch.append(len(begun.plan.decodes) + len(begun.plan.prefills))
     return times
@@ -159,6 +163,7 @@ def measure(cfg: HostBenchConfig, policy: str, n: int) -> dict:
             "ms_median": med(lambda r: statistics.median(r.total_ms)),
             "ms_mean": med(lambda r: statistics.fmean(r.total_ms)),
             "ms_p90": med(lambda r: _p90(r.total_ms)),
+            "cpu_ms_median": med(lambda r: statistics.median(r.cpu_ms)),
             "schedule_ms_median": med(lambda r: statistics.median(r.schedule_ms)),
             "update_ms_median": med(lambda r: statistics.median(r.update_ms)),
             "steps": min(len(r.total_ms) for r in runs),
@@ -176,7 +181,8 @@ def run_host_bench(cfg: HostBenchConfig, progress=print) -> dict:
             rows.append(row)
             if progress is not None:
                 progress(f"{policy:>9} {n:>5} streams: {row['ms_median']:.3f} ms/step median "
-                         f"(schedule {row['schedule_ms_median']:.3f}, update {row['update_ms_median']:.3f}; "
+                         f"(schedule {row['schedule_ms_median']:.3f}, update {row['update_ms_median']:.3f}, "
+                         f"CPU {row['cpu_ms_median']:.3f}; "
                          f"mean {row['ms_mean']:.3f}, p90 {row['ms_p90']:.3f}; {row['steps']} steps, "
                          f"batch {row['batch_mean']:.0f}, live {row['live_mean']:.0f})")
     return {"bench": "host", "config": asdict(cfg), "host": rows,
