@@ -105,7 +105,15 @@ class ReaderModel:
         else:
             runs.append((t, 1))
         self._generated += 1
-        self._settled = None
+        # Settled at t when `_advance(t)` would now stop at its first check: its head run's read is after t (or
+        # nothing is read while paused). The scheduler asks every running stream's buffer at this time next.
+        if self._paused:
+            self._settled = t
+        elif rate > 0:
+            ready, head = self._ready, runs[0][0]
+            self._settled = t if (head if head > ready else ready) > t else None
+        else:
+            self._settled = None  # unpaced: the new token is read at t
         return buffered
 
     def _add_tokens(self, t: float, n: int) -> int:
@@ -179,16 +187,21 @@ class ReaderModel:
 
     def buffer_at(self, t: float) -> int:
         """Tokens generated but not yet read at t (always >= 0)."""
-        if t != self._settled or type(t) is not float:  # (settled: a valid time, at which nothing is left to do)
-            self._advance(self._check_now(t))
+        # The scheduler asks every live stream every step: at the settled time (a valid one, with nothing left to
+        # do) the answer is read off; else `_check_now`'s common case and `_advance`'s first exit inline.
+        if t != self._settled or type(t) is not float:
+            if not (type(t) is float and -_INF < t < _INF and t >= self._now):
+                t = self._check_now(t)  # raises, or an int time as a float
+            if self._paused or not self._runs:  # nothing to read
+                self._now = self._settled = t
+            else:
+                self._advance(t)
         return self._generated - self._consumed
 
     def buffer_seconds_at(self, t: float) -> float:
         """Buffer in seconds of reading at the current rate; 0.0 for an unpaced reader."""
-        if t != self._settled or type(t) is not float:  # `buffer_at`, inline: every stream, every step
-            self._advance(self._check_now(t))
         rate = self._rate
-        return (self._generated - self._consumed) / rate if rate > 0 else 0.0
+        return self.buffer_at(t) / rate if rate > 0 else 0.0
 
     def stall_time_at(self, t: float) -> float:
         """Total stall seconds up to t, including a wait still going on at t (unless finished)."""
