@@ -255,16 +255,20 @@ class Scheduler:
         queue = [s for s in ranked if s.status == running]
         held = self.policy.hold(queue, view)
         skip = held | self._finishing if held else self._finishing
-        bs = self.pool.block_size
+        bs, table_sent = self.pool.block_size, self._table_sent
         served = 0  # queue[served:] are the running streams not served yet; victims are taken from its end
         while served < len(queue) and budget > 0:
             stream = queue[served]
             served += 1
-            if stream.stream_id in skip:
+            sid = stream.stream_id
+            if sid in skip:
                 continue
-            # Per running stream, every step: lengths read once, the chunk length and the block check inline.
-            computed = stream.num_computed_tokens
-            remaining = len(stream.prompt_token_ids) + len(stream.output_token_ids) - computed
+            # Per running stream, every step: lengths read once, the chunk length, the block check and a decode's
+            # chunk (`_chunk`) inline.
+            computed, out = stream.num_computed_tokens, stream.output_token_ids
+            p = len(stream.prompt_token_ids)
+            total = p + len(out)
+            remaining = total - computed
             n = remaining if remaining <= budget else self._chunk_len(stream, budget)
             if n == 0:
                 continue
@@ -280,7 +284,16 @@ class Scheduler:
                     queue.pop()
                 if stream.status != running:
                     continue
-            (decodes if n == 1 else prefills).append(self._chunk(stream, n))
+            if n == 1 and computed >= p:
+                blocks = stream.block_ids
+                sent, held = table_sent.get(sid, 0), len(blocks)
+                if held != sent:
+                    table_sent[sid] = held
+                decodes.append(_new_tuple(ScheduledChunk, (sid, (out[computed - p],), computed,
+                                                           tuple(blocks[sent:]) if held > sent else (), sent,
+                                                           computed + 1 == total)))
+            else:
+                (decodes if n == 1 else prefills).append(self._chunk(stream, n))
             budget -= n
 
         new_streams: list[tuple[str, SamplingParams]] = []
@@ -308,7 +321,7 @@ class Scheduler:
             urgent += self.kv.plan_loads(max(1, self.cost.copy_budget_blocks() - urgent))
         budget = self.cost.copy_budget_blocks(self.cache.write_budget_fraction) - urgent
         if budget > 0 and self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
-            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.buffer_s(now))
+            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.reader.buffer_seconds_at(now))
             self.kv.write_through(by_buffer, budget)
 
     def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> tuple[list[Stream], list[str]]:
@@ -371,21 +384,30 @@ class Scheduler:
         num_active = reserve = -1  # computed at the first candidate: a step with none (all decoding) skips them
         limit = self.policy.admission_limit(view)
         working = view.num_working
+        waiting, paused = StreamStatus.WAITING, StreamStatus.PREEMPTED
+        max_num_seqs, leaving = self.config.max_num_seqs, self._leaving
+        # The walk passes every live stream each step: the skips first and cheapest. A skip changes nothing, so
+        # taking a new stream's skip before the checks below that break the walk gives the same walk (a break
+        # they would make at a skipped stream, the next stream that is not skipped makes, or the walk ends).
         for stream in order:
-            if stream.status not in (StreamStatus.WAITING, StreamStatus.PREEMPTED):
-                continue
+            status = stream.status
+            if status == waiting:
+                is_new = not stream.record.preemptions
+                if is_new and working >= limit:
+                    continue  # the working set is full: new streams wait, resumes still go ahead
+            elif status == paused:
+                is_new = False
+            else:
+                continue  # running or loading
             if num_active < 0:  # nothing below has changed a stream yet: the same as computing them up front
                 active = self.by_status(*_ACTIVE)
                 num_active = len(active)
                 reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
-            if budget <= 0 or num_active >= self.config.max_num_seqs:
+            if budget <= 0 or num_active >= max_num_seqs:
                 break
-            if stream.stream_id in preempted_now or stream.stream_id in self._leaving:
+            if stream.stream_id in preempted_now or stream.stream_id in leaving:
                 continue  # paused this step (its tail is still being copied), or about to move to another engine
-            is_new = stream.status == StreamStatus.WAITING and not stream.num_preemptions
-            if is_new and working >= limit:
-                continue  # the working set is full: new streams wait, resumes still go ahead
-            if stream.status == StreamStatus.PREEMPTED:
+            if status == paused:
                 if self._resume_by_load(stream, view):
                     if not self.kv.start_load(stream):
                         break  # no memory: keep rank order
