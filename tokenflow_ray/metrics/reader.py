@@ -201,7 +201,9 @@ class ReaderModel:
     def buffer_seconds_at(self, t: float) -> float:
         """Buffer in seconds of reading at the current rate; 0.0 for an unpaced reader."""
         rate = self._rate
-        return self.buffer_at(t) / rate if rate > 0 else 0.0
+        if t != self._settled or type(t) is not float:  # else read off, without the call (every stream, every step)
+            self.buffer_at(t)
+        return (self._generated - self._consumed) / rate if rate > 0 else 0.0
 
     def stall_time_at(self, t: float) -> float:
         """Total stall seconds up to t, including a wait still going on at t (unless finished)."""
