@@ -198,6 +198,9 @@ class Scheduler:
         return len(self.streams)
 
     def by_status(self, *statuses: StreamStatus) -> list[Stream]:
+        if len(statuses) == 1:  # a pass over every live stream, several a step: one comparison each
+            status = statuses[0]
+            return [s for s in self.streams.values() if s.status == status]
         return [s for s in self.streams.values() if s.status in statuses]
 
     def rates_changed(self) -> None:
@@ -386,6 +389,10 @@ class Scheduler:
         working = view.num_working
         waiting, paused = StreamStatus.WAITING, StreamStatus.PREEMPTED
         max_num_seqs, leaving = self.config.max_num_seqs, self._leaving
+        if working >= limit:
+            # No new stream joins this step (the working set only grows below), and a stream's status changes
+            # only when the walk reaches it: the walk meets exactly the paused streams and those to recompute.
+            order = [s for s in order if s.status == paused or (s.status == waiting and s.record.preemptions)]
         # The walk passes every live stream each step: the skips first and cheapest. A skip changes nothing, so
         # taking a new stream's skip before the checks below that break the walk gives the same walk (a break
         # they would make at a skipped stream, the next stream that is not skipped makes, or the walk ends).
