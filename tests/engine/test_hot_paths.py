@@ -105,15 +105,18 @@ def test_view_rate_sums_follow_admissions_and_rate_reports():
     the next view, equal to a recount (check_integrity compares the two after every step of the engine tests)."""
     from tests.engine.factories import make_fake_engine, step_engine
     from tokenflow_ray.engine.sampling import SamplingParams
+    from tokenflow_ray.engine.stream import StreamStatus
 
     engine, _ = make_fake_engine(num_blocks=64, max_num_seqs=2, policy="tokenflow")
-    ids = [engine.add_request([5, 6, 7], SamplingParams(max_tokens=30), rate=10.0) for _ in range(3)]
+    for i in range(3):
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=30), stream_id=f"s{i}", rate=10.0)
     sched = engine.scheduler
     assert sched.view(0.0).num_working == 0 and sched.view(0.0).sum_rate == 0.0
     step_engine(engine, 2)
     view = sched.view(engine.clock.now())
     assert view.num_working == 2 and view.sum_rate == 20.0 and view.mean_rate == 10.0
-    engine.report_consumption(ids[0], rate=25.0)
+    working = next(s for s in sched.streams.values() if s.status == StreamStatus.RUNNING)
+    engine.report_consumption(working.stream_id, rate=25.0)
     view = sched.view(engine.clock.now())
     assert view.sum_rate == 35.0 and view.mean_rate == 15.0
     assert sched._working_sums == sched._count_working()

@@ -1,15 +1,16 @@
-"""`tokenflow bench host`: the engine's host time per step, with a device that does nothing (engine/null_runner.py).
+"""`tokenflow bench host`: the engine's host time per step, with a device that does nothing (NullRunner).
 
-Host time is everything `LLMEngine.step()` does but the runner: `begin_step` (arrivals, the policy, the plan) and
-`finish_step` (the result applied, readers and records, outputs built), each timed with `time.perf_counter`, and
-on this thread's CPU clock too (`cpu_ms_median`: on a shared box, wall time also counts the waits for a core).
+Host time is everything `LLMEngine.step()` does but the runner: `begin_step` (arrivals, the policy, the plan)
+and `finish_step` (the result applied, readers and records, outputs built), each timed with `time.perf_counter`,
+and on this thread's CPU clock too (`cpu_ms_median`: on a shared box, wall time also counts waits for a core).
 
-Regime: the H200 serving run's (../shared/data/h200/README.md, setup (a) at 1/8 length): block 16, 1,734 device
-blocks, 6,936 host blocks, max_num_seqs 256, 8192 tokens a step, default policy configs; N streams of setup (a)'s
-lengths x 1/8 (prompts ~64, outputs ~512) all arriving at t=0, readers at 20 tok/s. The clock is virtual and moves
-a fixed `step_s` (20 ms, an H200 step) per step, and the runner reports that as its compute time, so the policies
-see time pass as in serving: readers drain, buffers run low, streams are paused, resumed and written through.
-The first `warmup` steps (the prefill burst) are not measured; then `steps` are, or fewer if the work runs out.
+Regime: the H200 serving run's (../shared/data/h200/README.md, setup (a) at 1/8 length): block 16, 1,734
+device blocks, 6,936 host blocks, max_num_seqs 256, 8192 tokens a step, default policy configs; N streams of
+setup (a)'s lengths x 1/8 (prompts ~64, outputs ~512) all arriving at t=0, readers at 20 tok/s. The clock is
+virtual and moves a fixed `step_s` (20 ms, an H200 step) per step, which the runner reports as its compute time,
+so the policies see time pass as in serving: readers drain, buffers run low, streams are paused, resumed and
+written through. The first `warmup` steps (the prefill burst) are not measured; then `steps` are, or fewer if
+the work runs out.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def measure(cfg: HostBenchConfig, policy: str, n: int) -> dict:
     """One (policy, streams) cell: each statistic per run, then the median over the runs."""
     runs = [run_once(cfg, policy, n) for _ in range(cfg.repeats)]
     if not runs[0].total_ms:
-        raise ValueError(f"{policy} at {n} streams: no step was measured (warmup {cfg.warmup} ran out the work)")
+        raise ValueError(f"{policy} at {n} streams: no step was measured (the work ran out in {cfg.warmup} "
+                         f"warm-up steps)")
 
     def med(f) -> float:
         return round(statistics.median(f(r) for r in runs), 4)

@@ -1,9 +1,9 @@
 """NullRunner: a device that does nothing, at once, for measuring the engine's own host work per step.
 
 Every sampling chunk gets a token back at once, no KV is stored or read (FakeRunner hashes each stream's whole
-context, O(L²) per stream, which would swamp the engine's own time), and copies are acknowledged done. So that
-the cost model plans as it would in serving, a step reports `compute_s` as its compute time (a GPU's step) and the
-copies it was asked for at `copy_bytes_per_s`; those are figures handed back, not time spent.
+context, O(L²) per stream, which would swamp the engine's own time), and copies are acknowledged done. So
+that the cost model plans as it would in serving, a step reports `compute_s` as its compute time (a GPU's step)
+and the copies it was asked for at `copy_bytes_per_s`; those are figures handed back, not time spent.
 """
 
 from __future__ import annotations

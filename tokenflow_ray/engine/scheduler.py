@@ -49,8 +49,8 @@ class Scheduler:
         # Σ over live streams of their blocks at full length and of their average holding (view()), kept as they
         # enter and leave rather than summed every step.
         self._full_blocks = self._life_blocks = 0
-        # view()'s counts and rate sums over the live streams, kept until a stream enters, leaves, joins the working
-        # set or changes its rate (None: count again, in the same order, so the float sums are the same).
+        # view()'s counts and rate sums over the live streams, kept until a stream enters, leaves, joins the
+        # working set or changes its rate (None: count again, in the same order, so the float sums are the same).
         self._working_sums: tuple[int, float, int, float] | None = None
         # Preemption cost (decision -> device blocks free), per block of each swap-out preemption: mirrored blocks
         # are free at the decision (0); tail blocks when their own copy to the host is done (StepResult.swap_out_s).
@@ -324,7 +324,8 @@ class Scheduler:
             urgent += self.kv.plan_loads(max(1, self.cost.copy_budget_blocks() - urgent))
         budget = self.cost.copy_budget_blocks(self.cache.write_budget_fraction) - urgent
         if budget > 0 and self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
-            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.reader.buffer_seconds_at(now))
+            running = self.by_status(StreamStatus.RUNNING)
+            by_buffer = sorted(running, key=lambda s: -s.reader.buffer_seconds_at(now))
             self.kv.write_through(by_buffer, budget)
 
     def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> tuple[list[Stream], list[str]]:
@@ -586,8 +587,8 @@ class Scheduler:
         tokens = (out[start - p],) if n == 1 and start >= p else stream.token_ids(start, start + n)
         # Positional: stream_id, token_ids, start_pos, new_blocks, first_block, sample; made as the tuple it is
         # (a NamedTuple's own __new__ is a Python call: 2.5x the cost, per running stream per step).
-        return _new_tuple(ScheduledChunk, (sid, tokens, start, tuple(blocks[sent:]) if held > sent else (), sent,
-                                           start + n == p + len(out)))
+        new_blocks = tuple(blocks[sent:]) if held > sent else ()
+        return _new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
 
     def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)

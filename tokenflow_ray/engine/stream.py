@@ -53,8 +53,9 @@ class Stream:
     rate: float = 0.0  # declared consumption rate, tokens/s (0: unpaced reader)
     reader: ReaderModel = field(init=False)  # the server's model of the client's buffer
     record: StreamRecord = field(init=False)  # metrics: token times and buffers, preemptions
-    # What ends the stream, fixed at creation and checked for every token it generates: the token ids that stop
-    # it (eos unless ignored, and its stop tokens), and its output length limit (max_tokens or the context limit).
+    # What ends the stream, fixed at creation and checked for every token it generates: the token ids that
+    # stop it (eos unless ignored, and its stop tokens), and its output length limit (max_tokens or the context
+    # limit).
     stop_token_set: frozenset[int] = field(init=False, repr=False)
     max_output_tokens: int = field(init=False, repr=False)
 

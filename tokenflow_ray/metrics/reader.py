@@ -35,8 +35,8 @@ class ReaderModel:
         self._stall = 0.0  # banked stall seconds; an ongoing wait is added on query
         self._first: float | None = None
         self._now = -math.inf
-        # A time at which every read due has been done and nothing has changed since, so `_advance` at it would do
-        # nothing: the scheduler asks each stream's buffer several times a step at one time (None: not known).
+        # A time at which every read due has been done and nothing has changed since, so `_advance` at it would
+        # do nothing: the scheduler asks each stream's buffer several times a step at one time (None: not known).
         self._settled: float | None = None
         self._paused = False
         self._pause_left = 0.0  # time left to the next read when the pause began
@@ -201,7 +201,7 @@ class ReaderModel:
     def buffer_seconds_at(self, t: float) -> float:
         """Buffer in seconds of reading at the current rate; 0.0 for an unpaced reader."""
         rate = self._rate
-        if t != self._settled or type(t) is not float:  # else read off, without the call (every stream, every step)
+        if t != self._settled or type(t) is not float:  # else read off without the call: every stream, every step
             self.buffer_at(t)
         return (self._generated - self._consumed) / rate if rate > 0 else 0.0
 
