@@ -230,6 +230,13 @@ def _migration(args: argparse.Namespace) -> int:
                     for r in arm["rounds"]) else 1
 
 
+def _host(args: argparse.Namespace) -> int:
+    from tokenflow_ray.bench.host_bench import config_from_args, run_host_bench
+
+    write_json(args.json, run_host_bench(config_from_args(args)))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
     p.add_argument("--workload", default="burst", choices=["burst", "poisson", "gamma", "mixed"])
@@ -351,3 +358,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     s.add_argument("--json", metavar="PATH")
     s.set_defaults(handler=_serve)
+
+    h = sub.add_parser("host", help="the engine's host time per step (schedule + update) with a no-op device")
+    h.add_argument("--streams", type=_int_list, default=(100, 400, 1000), help="live streams, e.g. 100,400")
+    h.add_argument("--policies", type=_name_list, default=("fcfs", "tokenflow", "andes"))
+    h.add_argument("--steps", type=int, default=200, help="measured steps per run")
+    h.add_argument("--warmup", type=int, default=50, help="steps run first, not measured")
+    h.add_argument("--repeats", type=int, default=3, help="runs per cell; medians reported")
+    h.add_argument("--step-ms", type=float, default=20.0, help="virtual time a step takes (a device step)")
+    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--json", metavar="PATH")
+    h.set_defaults(handler=_host)

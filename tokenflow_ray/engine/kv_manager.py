@@ -20,6 +20,8 @@ from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.plan import BlockCopy
 from tokenflow_ray.engine.stream import Stream
 
+_copy = tuple.__new__  # BlockCopy(...) without its NamedTuple __new__ (a Python call): tens a step
+
 
 class KVManager:
     def __init__(self, device: BlockPool, host: BlockPool | None) -> None:
@@ -86,8 +88,9 @@ class KVManager:
             return None
         if missing > 0:
             stream.host_block_ids.extend(self.host.allocate(missing))
+        sid, blocks, host_blocks = stream.stream_id, stream.block_ids, stream.host_block_ids
         for i in range(first_tail, num_blocks):
-            self._out.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
+            self._out.append(_copy(BlockCopy, (sid, blocks[i], host_blocks[i])))
         self.device.free(stream.block_ids[:first_tail])  # mirrored already: free at once
         self.pending_free.extend(stream.block_ids[first_tail:])  # read by this step's copy
         # Host blocks past the computed prefix (from an earlier, longer stay) stay allocated for reuse.
@@ -103,8 +106,8 @@ class KVManager:
         if not self.device.can_allocate(n):
             return False
         stream.block_ids = self.device.allocate(n)
-        self._load_queue.extend(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i])
-                                for i in range(n))
+        sid, blocks, host_blocks = stream.stream_id, stream.block_ids, stream.host_block_ids
+        self._load_queue.extend(_copy(BlockCopy, (sid, blocks[i], host_blocks[i])) for i in range(n))
         self._loads_left[stream.stream_id] = n
         return True
 
@@ -165,7 +168,8 @@ class KVManager:
                     if not self.host.can_allocate(1):
                         return planned  # host full: stop mirroring; preemption falls back to recompute
                     stream.host_block_ids.extend(self.host.allocate(1))
-                self._write.append(BlockCopy(stream.stream_id, stream.block_ids[i], stream.host_block_ids[i]))
+                copy = (stream.stream_id, stream.block_ids[i], stream.host_block_ids[i])
+                self._write.append(_copy(BlockCopy, copy))
                 stream.num_host_tokens = (i + 1) * self.block_size
                 planned += 1
         return planned

@@ -35,6 +35,7 @@ from tokenflow_ray.engine.stream import Stream, StreamStatus
 from tokenflow_ray.metrics.stream_metrics import StreamRecord
 
 _DONE = StreamStatus.FINISHED_STOPPED  # a status at or above it is terminal (without the property call per token)
+_new_tuple = tuple.__new__  # a NamedTuple made as the tuple it is: its own __new__ is a Python call (2.5x)
 
 
 class UnknownStreamError(LookupError):
@@ -149,6 +150,7 @@ class LLMEngine:
         stream.reader.apply_report(self.clock.now(), consumed_tokens=consumed_tokens, rate=rate, paused=paused)
         if rate is not None:
             stream.rate = stream.reader.rate
+            self.scheduler.rates_changed()
         self.idle = False  # a report may make a held stream runnable
 
     def abort(self, stream_id: str) -> bool:
@@ -367,11 +369,24 @@ class LLMEngine:
         now = self.clock.now() if now is None else now
         outputs = begun.outputs
         apply = self.scheduler.apply_result if advanced else self.scheduler.update
-        output, append = self._output, outputs.append
-        for stream, token in apply(begun.plan, result, now, step_s=now - begun.start):
-            out = output(stream, token, now)
-            append(out)
-            if out.finished:
+        emitted = apply(begun.plan, result, now, step_s=now - begun.start)
+        if self._text:  # streams with text: detokenised, stop strings matched
+            output, append = self._output, outputs.append
+            for stream, token in emitted:
+                out = output(stream, token, now)
+                append(out)
+                if out.finished:
+                    self._retire(stream)
+            return outputs
+        # Token ids only (no tokenizer): `_output` without the text, inline (every running stream, every step).
+        new, append = _new_tuple, outputs.append
+        for stream, token in emitted:
+            status = stream.status
+            finished = status >= _DONE
+            append(new(StreamOutput, (stream.stream_id, (token,), "", finished,
+                                      status.finish_reason if finished else None, len(stream.prompt_token_ids),
+                                      len(stream.output_token_ids))))
+            if finished:
                 self._retire(stream)
         return outputs
 
@@ -397,8 +412,9 @@ class LLMEngine:
             elif status >= _DONE:  # its last token: the text held back goes out with it
                 text += state.stops.push(state.decoder.flush())[0] + state.stops.flush()
         finished = status >= _DONE  # the reason is looked up only for a finished stream
-        return StreamOutput(sid, (token,), text, finished, status.finish_reason if finished else None,
-                            len(stream.prompt_token_ids), len(stream.output_token_ids))
+        reason = status.finish_reason if finished else None
+        return _new_tuple(StreamOutput, (sid, (token,), text, finished, reason, len(stream.prompt_token_ids),
+                                         len(stream.output_token_ids)))
 
     # ---- blocking helpers -------------------------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Iterator[StreamOutput]:

@@ -19,7 +19,6 @@ Preemption goes to the host store when the policy uses it and the store has room
 from __future__ import annotations
 
 import itertools
-from collections import deque
 
 from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.config import CacheConfig, SchedulerConfig
@@ -32,6 +31,7 @@ from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 
 _ACTIVE = (StreamStatus.RUNNING, StreamStatus.LOADING)
+_new_tuple = tuple.__new__
 
 
 class Scheduler:
@@ -49,6 +49,9 @@ class Scheduler:
         # Σ over live streams of their blocks at full length and of their average holding (view()), kept as they
         # enter and leave rather than summed every step.
         self._full_blocks = self._life_blocks = 0
+        # view()'s counts and rate sums over the live streams, kept until a stream enters, leaves, joins the
+        # working set or changes its rate (None: count again, in the same order, so the float sums are the same).
+        self._working_sums: tuple[int, float, int, float] | None = None
         # Preemption cost (decision -> device blocks free), per block of each swap-out preemption: mirrored blocks
         # are free at the decision (0); tail blocks when their own copy to the host is done (StepResult.swap_out_s).
         self.preempt_costs_s: list[float] = []  # per preemption: block-weighted mean time to free its blocks
@@ -176,6 +179,7 @@ class Scheduler:
 
     def _enter(self, stream: Stream) -> None:
         self.streams[stream.stream_id] = stream
+        self._working_sums = None
         full, life = self._footprint(stream)
         self._full_blocks += full
         self._life_blocks += life
@@ -183,6 +187,7 @@ class Scheduler:
     def _leave(self, stream_id: str) -> Stream | None:
         stream = self.streams.pop(stream_id, None)
         if stream is not None:
+            self._working_sums = None
             full, life = self._footprint(stream)
             self._full_blocks -= full
             self._life_blocks -= life
@@ -193,13 +198,18 @@ class Scheduler:
         return len(self.streams)
 
     def by_status(self, *statuses: StreamStatus) -> list[Stream]:
+        if len(statuses) == 1:  # a pass over every live stream, several a step: one comparison each
+            status = statuses[0]
+            return [s for s in self.streams.values() if s.status == status]
         return [s for s in self.streams.values() if s.status in statuses]
 
-    def view(self, now: float) -> SchedulerView:
-        # One pass over the live streams (every step, so no per-figure comprehensions and method calls); the block
-        # footprints are kept as streams enter and leave.
+    def rates_changed(self) -> None:
+        """A live stream's declared rate changed (a client report): the view's rate sums are counted again."""
+        self._working_sums = None
+
+    def _count_working(self) -> tuple[int, float, int, float]:
         # The working set (Eq. 6's W): streams admitted and not finished, on the device or paused; a stream that
-        # has never run is demand still outside it.
+        # has never run is demand still outside it. One pass over the live streams, in their order.
         num_working = num_paced = 0
         sum_working = sum_paced = 0.0
         waiting = StreamStatus.WAITING
@@ -211,6 +221,13 @@ class Scheduler:
             if rate > 0:
                 num_paced += 1
                 sum_paced += rate
+        self._working_sums = (num_working, sum_working, num_paced, sum_paced)
+        return self._working_sums
+
+    def view(self, now: float) -> SchedulerView:
+        # Every step: the sums are kept between steps (_count_working), the block footprints as streams enter
+        # and leave.
+        num_working, sum_working, num_paced, sum_paced = self._working_sums or self._count_working()
         n = len(self.streams)
         mean_life = self._life_blocks / n if n else 1.0
         return SchedulerView(now=now, cost=self.cost, device_blocks=self.pool.num_blocks,
@@ -238,39 +255,58 @@ class Scheduler:
         prefills: list[ScheduledChunk] = []
         forced = False
         running = StreamStatus.RUNNING
-        queue = deque(s for s in ranked if s.status == running)
+        queue = [s for s in ranked if s.status == running]
         held = self.policy.hold(queue, view)
         skip = held | self._finishing if held else self._finishing
-        bs = self.pool.block_size
-        while queue and budget > 0:
-            stream = queue.popleft()
-            if stream.stream_id in skip:
+        bs, table_sent = self.pool.block_size, self._table_sent
+        served = 0  # queue[served:] are the running streams not served yet; victims are taken from its end
+        while served < len(queue) and budget > 0:
+            stream = queue[served]
+            served += 1
+            sid = stream.stream_id
+            if sid in skip:
                 continue
-            # Per running stream, every step: lengths read once, the chunk length and the block check inline.
-            computed = stream.num_computed_tokens
-            remaining = len(stream.prompt_token_ids) + len(stream.output_token_ids) - computed
+            # Per running stream, every step: lengths read once, the chunk length, the block check and a decode's
+            # chunk (`_chunk`) inline.
+            computed, out = stream.num_computed_tokens, stream.output_token_ids
+            p = len(stream.prompt_token_ids)
+            total = p + len(out)
+            remaining = total - computed
             n = remaining if remaining <= budget else self._chunk_len(stream, budget)
             if n == 0:
                 continue
             if computed + n > len(stream.block_ids) * bs:  # needs a new block
                 while not self.kv.grow(stream, n):
-                    victim = queue[-1] if queue else stream  # lowest-ranked running stream not yet served
+                    # The lowest-ranked running stream not yet served, else this one.
+                    victim = queue[-1] if len(queue) > served else stream
                     self._preempt(victim, view)
                     preempted.append(victim.stream_id)
                     forced = True
                     if victim is stream:
                         break
-                    queue.remove(victim)
+                    queue.pop()
                 if stream.status != running:
                     continue
-            (decodes if n == 1 else prefills).append(self._chunk(stream, n))
+            if n == 1 and computed >= p:
+                blocks = stream.block_ids
+                sent, held = table_sent.get(sid, 0), len(blocks)
+                if held != sent:
+                    table_sent[sid] = held
+                decodes.append(_new_tuple(ScheduledChunk, (sid, (out[computed - p],), computed,
+                                                           tuple(blocks[sent:]) if held > sent else (), sent,
+                                                           computed + 1 == total)))
+            else:
+                (decodes if n == 1 else prefills).append(self._chunk(stream, n))
             budget -= n
 
         new_streams: list[tuple[str, SamplingParams]] = []
         if not forced:
             # The set the rebalance chose is admitted first (refine may have traded a stream for smaller ones).
-            members = {s.stream_id for s in chosen}
-            order = chosen + [s for s in ranked if s.stream_id not in members]
+            if chosen:
+                members = {s.stream_id for s in chosen}
+                order = chosen + [s for s in ranked if s.stream_id not in members]
+            else:
+                order = ranked
             budget = self._admit(order, view, budget, prefills, new_streams, set(preempted))
         self._plan_copies(now)
         write_through, swap_out, swap_in = self.kv.take_copies()
@@ -288,7 +324,8 @@ class Scheduler:
             urgent += self.kv.plan_loads(max(1, self.cost.copy_budget_blocks() - urgent))
         budget = self.cost.copy_budget_blocks(self.cache.write_budget_fraction) - urgent
         if budget > 0 and self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
-            by_buffer = sorted(self.by_status(StreamStatus.RUNNING), key=lambda s: -s.buffer_s(now))
+            running = self.by_status(StreamStatus.RUNNING)
+            by_buffer = sorted(running, key=lambda s: -s.reader.buffer_seconds_at(now))
             self.kv.write_through(by_buffer, budget)
 
     def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> tuple[list[Stream], list[str]]:
@@ -351,21 +388,34 @@ class Scheduler:
         num_active = reserve = -1  # computed at the first candidate: a step with none (all decoding) skips them
         limit = self.policy.admission_limit(view)
         working = view.num_working
+        waiting, paused = StreamStatus.WAITING, StreamStatus.PREEMPTED
+        max_num_seqs, leaving = self.config.max_num_seqs, self._leaving
+        if working >= limit:
+            # No new stream joins this step (the working set only grows below), and a stream's status changes
+            # only when the walk reaches it: the walk meets exactly the paused streams and those to recompute.
+            order = [s for s in order if s.status == paused or (s.status == waiting and s.record.preemptions)]
+        # The walk passes every live stream each step: the skips first and cheapest. A skip changes nothing, so
+        # taking a new stream's skip before the checks below that break the walk gives the same walk (a break
+        # they would make at a skipped stream, the next stream that is not skipped makes, or the walk ends).
         for stream in order:
-            if stream.status not in (StreamStatus.WAITING, StreamStatus.PREEMPTED):
-                continue
+            status = stream.status
+            if status == waiting:
+                is_new = not stream.record.preemptions
+                if is_new and working >= limit:
+                    continue  # the working set is full: new streams wait, resumes still go ahead
+            elif status == paused:
+                is_new = False
+            else:
+                continue  # running or loading
             if num_active < 0:  # nothing below has changed a stream yet: the same as computing them up front
                 active = self.by_status(*_ACTIVE)
                 num_active = len(active)
                 reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
-            if budget <= 0 or num_active >= self.config.max_num_seqs:
+            if budget <= 0 or num_active >= max_num_seqs:
                 break
-            if stream.stream_id in preempted_now or stream.stream_id in self._leaving:
+            if stream.stream_id in preempted_now or stream.stream_id in leaving:
                 continue  # paused this step (its tail is still being copied), or about to move to another engine
-            is_new = stream.status == StreamStatus.WAITING and not stream.num_preemptions
-            if is_new and working >= limit:
-                continue  # the working set is full: new streams wait, resumes still go ahead
-            if stream.status == StreamStatus.PREEMPTED:
+            if status == paused:
                 if self._resume_by_load(stream, view):
                     if not self.kv.start_load(stream):
                         break  # no memory: keep rank order
@@ -387,7 +437,9 @@ class Scheduler:
             stream.status = StreamStatus.RUNNING
             prefills.append(self._chunk(stream, n))
             self._announce(stream, new_streams)
-            working += is_new
+            if is_new:  # it joins the working set
+                working += 1
+                self._working_sums = None
             num_active += 1
             budget -= n
             reserve += self.policy.reserve_tokens([stream])
@@ -438,13 +490,14 @@ class Scheduler:
             if not sample:
                 continue
             token = sampled[sid]
-            stream.output_token_ids.append(token)
+            out = stream.output_token_ids
+            out.append(token)
             # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
             stream.record.record_token(now, stream.reader.buffer_then_token(now))
             emitted.append((stream, token))
-            stop = stream.stop_reason_after_append(token)
-            if stop is not None:
-                self.finish(sid, stop, now)
+            # stop_reason_after_append's two tests inline; the reason is looked up only for a stream that ends.
+            if token in stream.stop_token_set or len(out) >= stream.max_output_tokens:
+                self.finish(sid, stream.stop_reason_after_append(token), now)
         return emitted
 
     def advance(self, plan: StepPlan) -> None:
@@ -463,8 +516,7 @@ class Scheduler:
             if sample:
                 out = stream.output_token_ids
                 out.append(PENDING_TOKEN)
-                n = len(out)
-                if n >= stream.sampling.max_tokens or len(stream.prompt_token_ids) + n >= stream.max_total_tokens:
+                if len(out) >= stream.max_output_tokens:
                     finishing.add(sid)  # ends with that token: nothing more to plan for it
 
     def apply_result(self, plan: StepPlan, result: StepResult, now: float,
@@ -533,9 +585,10 @@ class Scheduler:
         p = len(prompt)
         # A decode's one token, read directly (every running stream, every step); longer chunks slice.
         tokens = (out[start - p],) if n == 1 and start >= p else stream.token_ids(start, start + n)
-        # Positional: stream_id, token_ids, start_pos, new_blocks, first_block, sample.
-        return ScheduledChunk(sid, tokens, start, tuple(blocks[sent:]) if held > sent else (), sent,
-                              start + n == p + len(out))
+        # Positional: stream_id, token_ids, start_pos, new_blocks, first_block, sample; made as the tuple it is
+        # (a NamedTuple's own __new__ is a Python call: 2.5x the cost, per running stream per step).
+        new_blocks = tuple(blocks[sent:]) if held > sent else ()
+        return _new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
 
     def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)
@@ -562,6 +615,8 @@ class Scheduler:
         full, life = zip(*(self._footprint(s) for s in self.streams.values())) if self.streams else ((), ())
         assert (self._full_blocks, self._life_blocks) == (sum(full), sum(life)), \
             "the kept block footprints differ from the live streams'"
+        kept = self._working_sums
+        assert kept is None or kept == self._count_working(), "the kept working-set sums differ from a recount"
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"

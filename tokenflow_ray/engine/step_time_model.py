@@ -84,27 +84,39 @@ class StepTimeModel:
             pinned[worst] = lower[worst]
 
     def _solve_with(self, pinned: dict[int, float]) -> list[float]:
+        xx, ridge = self._xx, self._ridge
         free = [i for i in range(3) if i not in pinned]
-        a = [[self._xx[i][j] + (self._ridge[i] if i == j else 0.0) for j in free] for i in free]
-        b = [self._xy[i] + self._ridge[i] * self._prior[i] - sum(self._xx[i][k] * v for k, v in pinned.items())
-             for i in free]
+        a, b = [], []
+        for i in free:
+            row, r = xx[i], ridge[i]
+            a.append([row[j] + (r if i == j else 0.0) for j in free])
+            b.append(self._xy[i] + r * self._prior[i] - sum(row[k] * v for k, v in pinned.items()))
         theta = dict(pinned)
         theta.update(zip(free, _solve(a, b)))
-        return [theta[i] for i in range(3)]
+        return [theta[0], theta[1], theta[2]]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting; the ridge keeps the matrix positive definite."""
+    """Gaussian elimination with partial pivoting; the ridge keeps the matrix positive definite. Run once a step
+    under a policy that asks for Γ: loops written out (no lambda, rows held in locals), same arithmetic in the
+    same order."""
     n = len(b)
     m = [row[:] + [rhs] for row, rhs in zip(a, b)]
     for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[pivot] = m[pivot], m[col]
+        pivot, best = col, abs(m[col][col])  # the first row with the largest magnitude, as max() picks it
         for r in range(col + 1, n):
-            f = m[r][col] / m[col][col]
+            v = abs(m[r][col])
+            if v > best:
+                pivot, best = r, v
+        m[col], m[pivot] = m[pivot], m[col]
+        top = m[col]
+        for r in range(col + 1, n):
+            row = m[r]
+            f = row[col] / top[col]
             for c in range(col, n + 1):
-                m[r][c] -= f * m[col][c]
+                row[c] -= f * top[c]
     x = [0.0] * n
     for r in reversed(range(n)):
-        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+        row = m[r]
+        x[r] = (row[n] - sum(row[c] * x[c] for c in range(r + 1, n))) / row[r]
     return x

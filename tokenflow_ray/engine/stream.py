@@ -53,6 +53,11 @@ class Stream:
     rate: float = 0.0  # declared consumption rate, tokens/s (0: unpaced reader)
     reader: ReaderModel = field(init=False)  # the server's model of the client's buffer
     record: StreamRecord = field(init=False)  # metrics: token times and buffers, preemptions
+    # What ends the stream, fixed at creation and checked for every token it generates: the token ids that
+    # stop it (eos unless ignored, and its stop tokens), and its output length limit (max_tokens or the context
+    # limit).
+    stop_token_set: frozenset[int] = field(init=False, repr=False)
+    max_output_tokens: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -61,6 +66,9 @@ class Stream:
             raise ValueError(f"prompt: {len(self.prompt_token_ids)} tokens leaves no room to generate within the "
                              f"context limit of {self.max_total_tokens} tokens")
         self.reader = ReaderModel(self.rate)  # validates the rate
+        sp = self.sampling
+        self.stop_token_set = frozenset(sp.stop_token_ids).union(() if sp.ignore_eos else self.eos_token_ids)
+        self.max_output_tokens = min(sp.max_tokens, self.max_total_tokens - len(self.prompt_token_ids))
         self.record = StreamRecord(self.stream_id, self.arrival_time, self.rate, len(self.prompt_token_ids))
 
     # Counters live in the reader and the metrics record; these views keep one copy of each.
@@ -108,12 +116,8 @@ class Stream:
 
     def stop_reason_after_append(self, token_id: int) -> StreamStatus | None:
         """The terminal status reached by having just appended token_id, if any (stop strings are the engine's)."""
-        sp = self.sampling
-        if not sp.ignore_eos and token_id in self.eos_token_ids:
+        if token_id in self.stop_token_set:  # eos (unless ignored) or a stop token
             return StreamStatus.FINISHED_STOPPED
-        if token_id in sp.stop_token_ids:
-            return StreamStatus.FINISHED_STOPPED
-        n_out = len(self.output_token_ids)  # once per token per stream: lengths, not the properties
-        if n_out >= sp.max_tokens or len(self.prompt_token_ids) + n_out >= self.max_total_tokens:
+        if len(self.output_token_ids) >= self.max_output_tokens:  # max_tokens or the context limit
             return StreamStatus.FINISHED_LENGTH
         return None

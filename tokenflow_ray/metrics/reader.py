@@ -35,6 +35,9 @@ class ReaderModel:
         self._stall = 0.0  # banked stall seconds; an ongoing wait is added on query
         self._first: float | None = None
         self._now = -math.inf
+        # A time at which every read due has been done and nothing has changed since, so `_advance` at it would
+        # do nothing: the scheduler asks each stream's buffer several times a step at one time (None: not known).
+        self._settled: float | None = None
         self._paused = False
         self._pause_left = 0.0  # time left to the next read when the pause began
         self._finished = False
@@ -83,8 +86,12 @@ class ReaderModel:
             self._now = t
             self._consumed = self._generated
             runs.clear()
-        else:
-            self._advance(t)
+        elif t != self._settled:
+            ready, head = self._ready, runs[0][0]
+            if (ready if ready > head else head) <= t:  # a read is due (`_advance`'s first check, inline)
+                self._advance(t)
+            else:
+                self._now = t
         buffered = self._generated - self._consumed
         ready = self._ready
         if ready is not None and ready < t and not runs and rate > 0 and not self._paused:
@@ -98,6 +105,15 @@ class ReaderModel:
         else:
             runs.append((t, 1))
         self._generated += 1
+        # Settled at t when `_advance(t)` would now stop at its first check: its head run's read is after t (or
+        # nothing is read while paused). The scheduler asks every running stream's buffer at this time next.
+        if self._paused:
+            self._settled = t
+        elif rate > 0:
+            ready, head = self._ready, runs[0][0]
+            self._settled = t if (head if head > ready else ready) > t else None
+        else:
+            self._settled = None  # unpaced: the new token is read at t
         return buffered
 
     def _add_tokens(self, t: float, n: int) -> int:
@@ -116,6 +132,7 @@ class ReaderModel:
         else:
             runs.append((t, n))
         self._generated += n
+        self._settled = None
         return buffered
 
     def finish(self, t: float) -> None:
@@ -155,6 +172,7 @@ class ReaderModel:
 
         self._advance(t)
         self._bank_wait(t)
+        self._settled = None
         if new_rate is not None:
             self._set_rate(t, new_rate)
         if consumed_tokens is not None:
@@ -169,13 +187,23 @@ class ReaderModel:
 
     def buffer_at(self, t: float) -> int:
         """Tokens generated but not yet read at t (always >= 0)."""
-        self._advance(self._check_now(t))
+        # The scheduler asks every live stream every step: at the settled time (a valid one, with nothing left to
+        # do) the answer is read off; else `_check_now`'s common case and `_advance`'s first exit inline.
+        if t != self._settled or type(t) is not float:
+            if not (type(t) is float and -_INF < t < _INF and t >= self._now):
+                t = self._check_now(t)  # raises, or an int time as a float
+            if self._paused or not self._runs:  # nothing to read
+                self._now = self._settled = t
+            else:
+                self._advance(t)
         return self._generated - self._consumed
 
     def buffer_seconds_at(self, t: float) -> float:
         """Buffer in seconds of reading at the current rate; 0.0 for an unpaced reader."""
-        buffered = self.buffer_at(t)
-        return buffered / self._rate if self._rate > 0 else 0.0
+        rate = self._rate
+        if t != self._settled or type(t) is not float:  # else read off without the call: every stream, every step
+            self.buffer_at(t)
+        return (self._generated - self._consumed) / rate if rate > 0 else 0.0
 
     def stall_time_at(self, t: float) -> float:
         """Total stall seconds up to t, including a wait still going on at t (unless finished)."""
@@ -188,6 +216,7 @@ class ReaderModel:
         """Move every stored time by dt: the model carried to another clock (a stream migrated to another
         replica, whose monotonic clock has a different origin). The buffer and the stall so far are unchanged."""
         check_time(dt, "dt")
+        self._settled = None
         self._runs = deque((t + dt, n) for t, n in self._runs)
         self._ready = None if self._ready is None else self._ready + dt
         self._first = None if self._first is None else self._first + dt
@@ -208,25 +237,36 @@ class ReaderModel:
         """Perform every read due at or before t under the current model."""
         self._now = t
         if self._paused or not self._runs:
+            self._settled = t
             return
         if self._rate == 0:  # unpaced: everything generated is read at once
             self._consumed = self._generated
             self._runs.clear()
+            self._settled = t
             return
-        period = 1.0 / self._rate
-        while self._runs:
-            gen_t, count = self._runs[0]
-            start = max(self._ready, gen_t)
+        # Per stream per step: state in locals, written back once; max() and min() as the comparisons they make.
+        runs, rate, ready = self._runs, self._rate, self._ready
+        period = 1.0 / rate
+        while runs:
+            gen_t, count = runs[0]
+            start = gen_t if gen_t > ready else ready  # max(ready, gen_t)
             if start > t:
-                return
-            self._stall += max(0.0, gen_t - self._ready)
-            reads = min(count, math.floor((t - start) * self._rate + _READ_EPS) + 1)
+                self._settled = t  # the next read is after t: another call at t finds the same and stops here
+                break
+            late = gen_t - ready
+            if late > 0.0:
+                self._stall += late
+            # A run of one token is one read: t >= start makes the floor below at least 0.
+            reads = 1 if count == 1 else min(count, math.floor((t - start) * rate + _READ_EPS) + 1)
             self._consumed += reads
-            self._ready = start + reads * period
+            ready = start + reads * period
             if reads < count:
-                self._runs[0] = (gen_t, count - reads)
-                return
-            self._runs.popleft()
+                runs[0] = (gen_t, count - reads)
+                break  # not settled: a call at t again checks that the next read is after t (rounding)
+            runs.popleft()
+        else:
+            self._settled = t
+        self._ready = ready
 
     def _waiting(self, t: float) -> bool:
         """The reader is ready for a token that is not there (an ongoing stall) at t."""

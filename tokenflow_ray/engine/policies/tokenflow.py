@@ -102,7 +102,36 @@ class TokenFlowPolicy(SchedulingPolicy):
             self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
         if self.overloaded:
             return sorted(streams, key=arrival_key)
-        return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
+        return sorted(streams, key=self._rank_key(view))
+
+    def _rank_key(self, view: SchedulerView):
+        """The ranking's sort key, (−utility, −rate, arrival, id), with `utility` written out: it runs for
+        every live stream every step, so each reader's buffer is read once and the waiting credit v·t'/Δt is
+        computed only for a stream kept off the device (on it t' = 0 and the term is 0.0). Same values as
+        `utility`: keep the two in step (tests/engine/test_rank_keys.py compares them)."""
+        c = self.config
+        now, gamma, t_critical, delta_t, exp = view.now, c.gamma, c.t_critical, c.delta_t, math.exp
+        on_device = (StreamStatus.RUNNING, StreamStatus.LOADING)
+
+        def key(s: Stream) -> tuple:
+            rate = s.rate
+            if s.status in on_device:
+                waited = 0.0
+            else:  # waited_s
+                waited = now - (s.last_preempted_at if s.record.preemptions else s.arrival_time)
+                if not waited > 0.0:
+                    waited = 0.0
+            if rate == 0:
+                utility = gamma + waited / delta_t
+            else:
+                reader = s.reader
+                buffered = reader.buffer_at(now)
+                r = reader.rate
+                utility = gamma * exp(-(buffered / r if r > 0 else 0.0) / t_critical) + (
+                    effective_weight(buffered, s.sampling.max_tokens) * waited / delta_t if waited else 0.0)
+            return (-utility, -rate, s.arrival_time, s.stream_id)
+
+        return key
 
     @property
     def rebalance_interval_s(self) -> float:
