@@ -139,3 +139,25 @@ def test_the_attention_comparison_fails_a_wrong_backend():
         off = _compare(OffByOnePercent(), case, expected, expected[0], cpu, torch.float32)
         assert not _passes(off, TOLERANCE["float32"]) and off["kv_write_exact"], spec.name
         assert not _compare(SkipsTheWrite(), case, expected, expected[0], cpu, torch.float32)["kv_write_exact"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_drive_times_every_step_as_the_engine_serves_it(overlap):
+    """drive() runs `LLMEngine.step()` (overlapped when the config says so) and records one timed step, with the
+    shape of the plan that finished, for every step the engine ran, and every token of every stream."""
+    from tests.engine.factories import make_fake_engine
+    from tokenflow_ray.bench.gpu.steps import drive
+    from tokenflow_ray.engine.sampling import SamplingParams
+    from tokenflow_ray.sim.cost import StepShape
+
+    engine, _ = make_fake_engine(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=32)
+    engine.config = dataclasses.replace(engine.config, overlap_scheduling=overlap)
+    ids = [engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True)) for i in range(5)]
+    shapes = []
+    execute = engine.runner.execute
+    engine.runner.execute = lambda plan: shapes.append(StepShape.of(plan)) or execute(plan)
+    out = drive(engine)
+    assert [s.shape for s in out.steps] == shapes and engine.scheduler.num_unfinished == 0
+    assert all(s.s >= 0 for s in out.steps) and sorted(out.tokens) == sorted(ids)
+    assert all(len(t) == 6 for t in out.tokens.values())
+

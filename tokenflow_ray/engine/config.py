@@ -118,9 +118,12 @@ class EngineConfig:
     default_rate: float = 0.0  # consumption rate of streams that declare none (tokens/s; 0: unpaced)
     record_history: int = 10_000  # finished-stream records kept for metrics and benchmarks
     # Plan step N+1 while the runner thread runs step N, and apply N's result while N+1 runs (same greedy output).
-    overlap_scheduling: bool = False
+    # None: by the device, resolved by the runner: on with CUDA (the host's planning hides under the GPU's step),
+    # off on CPU (planning and the model's threads would share the same cores).
+    overlap_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
                  and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
         _require(self.record_history >= 0, "record_history: must be >= 0")
+        _require(self.overlap_scheduling in (None, True, False), "overlap_scheduling: must be true, false or null")

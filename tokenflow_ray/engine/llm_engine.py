@@ -86,6 +86,7 @@ class LLMEngine:
         self._totals = {"preemptions": 0, "tokens_recomputed": 0, "streams_finished": 0, "steps": 0}
         # Overlapped scheduling (config.overlap_scheduling): the step the runner thread is running, and that thread.
         self._inflight: tuple[BegunStep, Future] | None = None
+        self.last_finished: tuple[StepPlan, StepResult] | None = None  # the plan and result `finish_step` applied last
         self._runner_thread: ThreadPoolExecutor | None = None
 
     @classmethod
@@ -366,6 +367,7 @@ class LLMEngine:
         if begun.plan is None:
             raise ValueError("finish_step: the step had no plan to run")
         self._totals["steps"] += 1
+        self.last_finished = (begun.plan, result)
         now = self.clock.now() if now is None else now
         outputs = begun.outputs
         apply = self.scheduler.apply_result if advanced else self.scheduler.update

@@ -76,7 +76,9 @@ class TorchModelRunner:
         device = resolve_device(config.model.device)
         if attention_backend is None:
             config = gpu_cache_defaults(config, device.type == "cuda", flash_attn_available())
-        self.config = config  # the engine builds its scheduler from this one (the block size may differ)
+        if config.overlap_scheduling is None:  # by the device: see EngineConfig
+            config = replace(config, overlap_scheduling=device.type == "cuda")
+        self.config = config  # the engine runs on this one (device defaults resolved: block size, overlap)
         mc, cc = config.model, config.cache
         if mc.num_threads is not None:
             torch.set_num_threads(mc.num_threads)

@@ -77,25 +77,34 @@ class Drive:
 
 def drive(engine: LLMEngine, deadline: float | None = None,
           on_step: Callable[[TimedStep, list[StreamOutput]], None] | None = None, into: Drive | None = None) -> Drive:
-    """Step until nothing is left (or time.monotonic() passes `deadline`: `stopped_early`), timing each step
-    whole, as the H200 runs did (sim/validate.py's run_real). `into`: filled as it goes, so a caller keeps the
-    steps so far when a step raises."""
+    """Step until nothing is left (or time.monotonic() passes `deadline`: `stopped_early`) through
+    `LLMEngine.step()`, as the engine serves (overlapped scheduling when its config has it: on CUDA by default),
+    timing each step whole on the wall clock: from the end of the step before (or the start of this call when the
+    engine was idle) to the end of this one, planning and the update included, which with overlapped scheduling
+    is the interval between two steps' results. `into`: filled as it goes, so a caller keeps the steps so far when
+    a step raises."""
     out = into if into is not None else Drive()
     start = time.monotonic()
+    last_end: float | None = None
     while engine.has_unfinished():
         out.wall_s = time.monotonic() - start
         if deadline is not None and time.monotonic() >= deadline:
             out.stopped_early = True
             break
         t0 = engine.clock.now()
-        begun = engine.begin_step()
-        if begun.plan is None:  # every live stream paced, or arrivals still to come
-            time.sleep(0.001)
+        before = engine.last_finished
+        outputs = engine.step()
+        finished = engine.last_finished
+        if finished is before:  # nothing ran: every live stream paced, or arrivals still to come
+            last_end = None
+            if not outputs:
+                time.sleep(0.001)
             continue
-        result = engine.runner.execute(begun.plan)
-        outputs = engine.finish_step(begun, result)
-        step = TimedStep(StepShape.of(begun.plan), engine.clock.now() - t0, result.compute_s, result.copy_s,
-                         result.copy_bytes)
+        end = engine.clock.now()
+        plan, result = finished
+        step = TimedStep(StepShape.of(plan), end - (t0 if last_end is None else last_end), result.compute_s,
+                         result.copy_s, result.copy_bytes)
+        last_end = end
         out.steps.append(step)
         for o in outputs:
             out.tokens.setdefault(o.stream_id, []).extend(o.token_ids)
