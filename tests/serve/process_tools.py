@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def session_env(ray_tmp: str) -> dict[str, str]:
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+def session_env(ray_tmp: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RAY_ADDRESS", None)  # its own Ray, never the test session's
     return env
@@ -62,10 +62,10 @@ class Tokenflow:
     """`python -m tokenflow_ray.cli ARGS` in its own process group, stdout and stderr merged into one channel the
     test owns; lines are collected by a thread."""
 
-    def __init__(self, args: list[str], ray_tmp: str) -> None:
+    def __init__(self, args: list[str], ray_tmp: str, **env: str) -> None:
         self.ray_tmp = ray_tmp
         self.proc = subprocess.Popen([sys.executable, "-m", "tokenflow_ray.cli", *args], cwd=ROOT,
-                                     env=session_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=session_env(ray_tmp, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
         self._queue: queue.Queue = queue.Queue()

@@ -69,7 +69,9 @@ def test_a_replica_that_fails_in_its_constructor_is_one_line_with_its_reason(tmp
     it exits 1 and leaves no Ray process."""
     ray_tmp = short_tmp()
     config = _yaml(tmp_path / "serve.yaml", **{**SMALL, "num_host_blocks": 100_000_000})
-    server = Tokenflow(["serve", "--config", config, "--port", str(free_port())], ray_tmp)
+    # Serve retries a failing constructor 3 times by default (Serve's own knob): once is enough to see the reason.
+    server = Tokenflow(["serve", "--config", config, "--port", str(free_port())], ray_tmp,
+                       RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT="1")
     try:
         rc = server.wait(timeout_s=360)
         errors = [ln for ln in server.lines if ln.startswith("tokenflow: error:")]
