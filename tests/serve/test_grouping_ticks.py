@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from tokenflow_ray.engine.outputs import StreamOutput
 from tokenflow_ray.serve.grouping import GroupingConfig
 from tokenflow_ray.serve.replica import LLMServer
+from tokenflow_ray.serve.stopping import ReplicaStopping
 
 CFG = GroupingConfig(min_interval_s=0.05, max_interval_s=0.25, events_per_s=200)
 
@@ -19,9 +20,9 @@ class _Changes:
         pass
 
 
-class _Replica:
+class _Replica(ReplicaStopping):
     """What _deltas reads of the replica: its grouping settings, the count of active streams, the streams holding
-    tokens and the change log."""
+    tokens, the change log, and whether it is stopping (never, here)."""
 
     def __init__(self) -> None:
         self.settings = SimpleNamespace(grouping=CFG)

@@ -1,12 +1,16 @@
-"""The embedded default model: a ~10M-parameter Llama with seeded weights and a byte-level tokenizer.
+"""The embedded default model: a ~10M-parameter Llama with a byte-level tokenizer, trained on the standard library's
+own text (docstrings and pydoc topics: models/embedded_corpus.py) by `models/train_embedded.py`.
 
-Written once as an ordinary HF model directory (config.json, model.safetensors, tokenizer.json, chat template) in
-the cache folder and loaded by the same loader as real checkpoints, so nothing is downloaded and vLLM or HF can load
-the very same directory. The folder name carries a hash of the spec: changing the spec writes a new model.
+The weights ship with the package (weights/embedded-llama-10m.safetensors, bf16 on disk). On first use they are
+written once as an ordinary HF model directory (config.json, float32 model.safetensors, tokenizer.json, chat
+template) in the cache folder and loaded by the same loader as real checkpoints, so nothing is downloaded and vLLM
+or HF can load the very same directory. The folder name carries a hash of the spec and of the weights file:
+changing either writes a new model. Tests that compare against HF keep their own tiny random models.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -31,7 +35,7 @@ EMBEDDED_SPEC: dict = {
     "eos_token_id": 257,
     "pad_token_id": 258,
 }
-WEIGHT_SEED = 1234
+EMBEDDED_WEIGHTS = Path(__file__).parent / "weights" / "embedded-llama-10m.safetensors"
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>",
                   "<|end|>"]
 CHAT_TEMPLATE = (
@@ -48,7 +52,7 @@ def cache_root() -> Path:
 
 def embedded_model_dir(root: Path | None = None) -> Path:
     """The embedded model's directory, written on first use (atomically: concurrent replicas may race)."""
-    digest = hashlib.sha256(json.dumps([EMBEDDED_SPEC, WEIGHT_SEED, SPECIAL_TOKENS, CHAT_TEMPLATE],
+    digest = hashlib.sha256(json.dumps([EMBEDDED_SPEC, weights_digest(), SPECIAL_TOKENS, CHAT_TEMPLATE],
                                        sort_keys=True).encode()).hexdigest()[:10]
     target = (root or cache_root()) / "models" / f"embedded-llama-10m-{digest}"
     if (target / "config.json").exists():
@@ -67,13 +71,23 @@ def embedded_model_dir(root: Path | None = None) -> Path:
     return target
 
 
-def write_embedded_model(path: Path) -> None:
+@functools.cache
+def weights_digest(path: Path = EMBEDDED_WEIGHTS) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"model: the embedded model's weights are missing ({path}); reinstall tokenflow_ray")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def write_embedded_model(path: Path, weights: Path = EMBEDDED_WEIGHTS) -> None:
     import torch
+    from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(**{k: v for k, v in EMBEDDED_SPEC.items() if k not in ("architectures", "model_type")})
-    torch.manual_seed(WEIGHT_SEED)
     model = LlamaForCausalLM(config).eval()
+    state = load_file(str(weights))
+    # strict: a checkpoint of another shape or naming fails here, not as garbage text later
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
     model.generation_config.eos_token_id = EMBEDDED_SPEC["eos_token_id"]
     model.generation_config.pad_token_id = EMBEDDED_SPEC["pad_token_id"]
     model.save_pretrained(path, safe_serialization=True)

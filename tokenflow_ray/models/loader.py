@@ -25,8 +25,11 @@ def resolve_model_dir(model: str) -> Path:
         if not (path / "config.json").is_file():
             raise ValueError(f"model: {model!r} has no config.json; expected a Hugging Face model directory")
         return path
-    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
-        raise ValueError(f"model: {model!r} is not a model directory (and not a hub id of the form org/name)")
+    if path.exists():
+        raise ValueError(f"model: {model!r} is a file, not a model directory")
+    if model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise ValueError(f"model: {model!r} does not exist (expected a local Hugging Face model directory, a hub id "
+                         f"of the form org/name, or 'embedded')")
     try:
         from huggingface_hub import snapshot_download
 

@@ -46,6 +46,7 @@ from tokenflow_ray.cluster.migration_policy import (
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings
 from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder, Report
 from tokenflow_ray.serve.serve_replicas import stopping_replicas
+from tokenflow_ray.serve.stopping import CentralStop
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class CentralSettings:
             raise ValueError("poll_s/stale_after_s/drain_poll_s: must be > 0")
 
 
-class CentralScheduler:
+class CentralScheduler(CentralStop):
     """The actor's class (created with ACTOR_OPTIONS by get_central; tests use it directly)."""
 
     def __init__(self, settings: CentralSettings | None = None) -> None:
@@ -136,10 +137,10 @@ class CentralScheduler:
                 self._arrived(sid)  # a report waiting on it answers "finished" now, not after the grace
         return need_full
 
-    async def wait_reports(self, replica_id: str,
-                           stats: dict | None = None) -> list[Report | MoveOrder | RelieveOrder]:
-        """The replica's long-poll: the reports (and move orders) queued for it, after at most poll_s."""
+    async def wait_reports(self, replica_id: str, stats: dict | None = None) -> list:
+        """The replica's long-poll: the reports (and move and stop orders) queued for it, after at most poll_s."""
         self._heard_from(replica_id)
+        self._stop_pending(replica_id)
         if stats is not None:
             self.replica_stats[replica_id] = (time.time(), stats)
         if not self.table.has_pushes(replica_id) and not self._orders.get(replica_id):
@@ -371,6 +372,8 @@ def get_central(settings: CentralSettings) -> ray.actor.ActorHandle:
 
 def _restarted() -> bool:
     """Whether this process is the central actor restarted by Ray (False outside an actor: tests build the class)."""
+    if not ray.is_initialized():  # not an actor; asking the runtime context would start a local Ray
+        return False
     try:
         ctx = ray.get_runtime_context()
         return ctx.get_actor_id() is not None and bool(ctx.was_current_actor_reconstructed)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ray import serve
-
-    from tokenflow_ray.serve.app import deploy
     from tokenflow_ray.serve.config import ServeConfig
-    from tokenflow_ray.serve.local import init_ray
+    from tokenflow_ray.serve.preflight import preflight
 
     overrides = {"model": args.model, "load_format": args.load_format, "replicas": args.replicas,
                  "policy": args.policy, "host": args.host, "port": args.port, "api_key": args.api_key,
@@ -20,17 +16,11 @@ def _serve(args: argparse.Namespace) -> int:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
         config = ServeConfig(**{k: v for k, v in overrides.items() if v is not None})
-    init_ray()
-    serve.start(http_options={"host": config.host, "port": config.port})
-    deploy(config)
-    print(f"serving {config.model!r} ({config.replicas} replica(s), policy {config.policy}, router {config.router}) at "
-          f"http://{config.host}:{config.port}{config.route_prefix.rstrip('/')}/v1  (Ctrl-C to stop)", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-    return 0
+    preflight(config)  # a bad model path, tokenizer or value: one line, exit 2, before Ray starts
+
+    from tokenflow_ray.serve.lifecycle import run_server
+
+    return run_server(config)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -39,13 +29,13 @@ def _demo(args: argparse.Namespace) -> int:
     from tokenflow_ray.serve.plots import write_plots
 
     cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate, quick=args.quick)
-    report, runs = run_demo(cfg)
-    print_table(report)
-    if args.plots:
-        for path in write_plots(runs, args.plots):
-            print(f"wrote {path}")
+    report, runs = run_demo(cfg)  # Ray and Serve are shut down when it returns: nothing of theirs prints after
+    paths = write_plots(runs, args.plots) if args.plots else []
     write_json(args.json, report)
     print(f"demo wall time {report['wall_s']:.0f} s")
+    print_table(report)  # the table and the plots' paths are the last lines a newcomer sees
+    for path in paths:
+        print(f"wrote {path}")
     return 0
 
 

@@ -104,7 +104,7 @@ class ServeConfig:
     # policy (a stream can move between them). "": this app's own.
     central_app: str = ""
     images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.images exists
-    tokenizer_dir: str | None = None  # a trained image tokenizer (save_pretrained / export dir); None: random tiny
+    tokenizer_dir: str | None = None  # an image tokenizer (save_pretrained / export dir); None: the packaged one
     # How the LLMServer handle picks a replica for a new stream: "default" is Serve's power-of-two-choices on
     # queue length; "slack" is the buffer-slack router (serve/slack_router.py, cluster/routing.py). Replicas
     # publish their ReplicaStats to Serve every routing_stats_period_s under either router.

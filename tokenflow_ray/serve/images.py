@@ -2,7 +2,8 @@
 
 Three layers, so each can be tested alone:
   * `ImageTokenizerService`: plain class over a trained tokenizer directory (`tokenflow serve --tokenizer DIR`: a
-    save_pretrained / `tokenflow tokenizer export` folder), or a seeded random tiny tokenizer without one. Bytes ->
+    save_pretrained / `tokenflow tokenizer export` folder), by default the one that ships with the package
+    (tokenizer/pretrained.py: the experiment's TF arm trained on its generated digits, 16 px). Bytes ->
     model input exactly as evaluation preprocesses (tokenizer/preprocess.py: centre square, bicubic to the model's
     side), batched encode / decode, size limits; raises `ImageRequestError(status, message, param, code)` for
     anything the caller got wrong.
@@ -58,21 +59,17 @@ class ImageRequestError(ValueError):
 
 
 class ImageTokenizerService:
-    """Loads a saved tokenizer directory, or builds preset('tiny') with a fixed seed when none is given."""
+    """Loads a saved tokenizer directory; None: the packaged default (tokenizer/pretrained.py)."""
 
-    def __init__(self, model_dir: str | None = None, seed: int = 0, limits: ImageLimits | None = None,
+    def __init__(self, model_dir: str | None = None, limits: ImageLimits | None = None,
                  torch_threads: int = 1) -> None:
         import torch
 
-        from ..tokenizer.config import preset
         from ..tokenizer.model import DualCodebookTokenizer
+        from ..tokenizer.pretrained import default_tokenizer_dir
 
         torch.set_num_threads(torch_threads)
-        if model_dir is not None:
-            self.model = DualCodebookTokenizer.from_pretrained(model_dir)
-        else:
-            torch.manual_seed(seed)
-            self.model = DualCodebookTokenizer(preset("tiny"))
+        self.model = DualCodebookTokenizer.from_pretrained(model_dir or default_tokenizer_dir())
         self.model.eval()
         self.limits = limits or ImageLimits()
         self.side = self.model.config.image_size
@@ -172,8 +169,8 @@ class ImageTokenizerService:
 
 @serve.deployment(max_ongoing_requests=32, ray_actor_options={"num_cpus": 0.5})
 class ImageTokenizerDeployment:
-    def __init__(self, model_dir: str | None = None, seed: int = 0, limits: ImageLimits | None = None) -> None:
-        self.service = ImageTokenizerService(model_dir, seed=seed, limits=limits)
+    def __init__(self, model_dir: str | None = None, limits: ImageLimits | None = None) -> None:
+        self.service = ImageTokenizerService(model_dir, limits=limits)
         lim = self.service.limits
         for method in (self._encode_batch, self._decode_batch):
             method.set_max_batch_size(lim.max_batch_size)

@@ -255,6 +255,9 @@ def make_http_class(base: type, routers: Sequence[APIRouter] = ()) -> type:
         def _failed(self, exc: BaseException, stream_id: str, when: str) -> APIError:
             """The client's short error for a failed stream; the details (Ray's, with actor and node) are logged."""
             err = stream_failure(exc, stream_id)
+            if err.code == "server_shutting_down":  # expected while stopping: no traceback per stream
+                log.info("stream %s ended %s: the server is stopping", stream_id, when)
+                return err
             log.error("stream %s failed %s; answering %d %s", stream_id, when, err.status, err.code, exc_info=exc)
             if err.code == "replica_unavailable":
                 self._stream_lost(stream_id)

@@ -61,3 +61,10 @@ class RelieveOrder:
     max_streams: int
     reason: str = "overloaded"
     include_waiting: bool = False  # streams waiting to start may go too (MigrationSettings.move_waiting)
+
+
+@dataclass(frozen=True)
+class StopOrder:
+    """The central actor tells a replica the app is stopping: refuse new streams, end live ones (stopping.py)."""
+
+    reason: str = "shutting down"

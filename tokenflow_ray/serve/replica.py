@@ -32,9 +32,10 @@ from tokenflow_ray.serve.central import CentralSettings, get_central, report_wit
 from tokenflow_ray.serve.config import engine_config_for_rank
 from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
 from tokenflow_ray.serve.ingress import queue_full
-from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, RelieveOrder, Report
+from tokenflow_ray.serve.messages import Delta, GenerateRequest, MoveOrder, RelieveOrder, Report, StopOrder
 from tokenflow_ray.serve.metrics import MoveTotals, ReplicaMetrics, StreamTotals, engine_stats_dict
 from tokenflow_ray.serve.replica_migration import ReplicaMigration
+from tokenflow_ray.serve.stopping import ReplicaStopping
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _pin(local_rank: int, threads: int) -> None:
         log.info("replica at local rank %d pinned to CPUs %s", local_rank, sorted(cpus))
 
 
-class LLMServer(ReplicaMigration):
+class LLMServer(ReplicaMigration, ReplicaStopping):
     async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings, http=None, *extra) -> None:
         """`http` (IngressSettings) and `extra` (handles of deployments the routes call) in the direct placement."""
         from tokenflow_ray.engine.llm_engine import LLMEngine  # torch loads here, not in the ingress
@@ -123,6 +124,7 @@ class LLMServer(ReplicaMigration):
         """The stream's deltas. If it moves to another replica: with `follow_moves` (the ingress placement) the last
         delta from here names the new replica's port and the caller pulls the rest there, so this replica's part
         ends at the move; else (this replica holds the client's response) the rest is relayed from there."""
+        self._check_stopping()  # the app is stopping: ServerStopping, a 503 before any SSE header
         prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
 
         def on_added(sid: str) -> None:
@@ -151,6 +153,7 @@ class LLMServer(ReplicaMigration):
         try:
             try:
                 async for out in outputs:
+                    self._check_stopping()  # woken by a tick (stopping.py) if it has no output coming
                     now = time.monotonic()
                     if out is not None:
                         last = out
@@ -256,6 +259,8 @@ class LLMServer(ReplicaMigration):
                     self._spawn(self._migrate_out(order))
                 for order in [r for r in reports if isinstance(r, RelieveOrder)]:
                     self._spawn(self._relieve(order))
+                for order in [r for r in reports if isinstance(r, StopOrder)]:
+                    self._stop_serving(order)
                 reports = [r for r in reports if isinstance(r, Report)]
                 for r in [r for r in reports if r.stream_id in self._relayed]:
                     self._relayed[r.stream_id].report.remote(r)  # it moved on: forward it
