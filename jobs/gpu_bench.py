@@ -4,7 +4,7 @@ minutes (`--quick`: 3); `--dry-run` runs every part on the CPU with the embedded
 Parts (each in its own process under its own time limit; docs/results/gpu.md says what each measures):
 attention, parity, graphs, step_grid, copies, serving. Writes DIR/gpu_bench.json whatever fails, plus
 DIR/step_grid.json and DIR/setup_a_eighth_<policy>.json in the formats of ../shared/data/h200/.
-The plan of the time budget: tokenflow_ray/bench/gpu/budget.py.
+The plan of the time budget: tokenflow_ray/lab/gpu/budget.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when PYTHONPATH does not name it
 
-from tokenflow_ray.bench.gpu.budget import PART_NAMES  # noqa: E402
-from tokenflow_ray.bench.gpu.orchestrator import MAIN_JSON, BenchOptions, run_gpu_bench  # noqa: E402
+from tokenflow_ray.lab.gpu.budget import PART_NAMES  # noqa: E402
+from tokenflow_ray.lab.gpu.orchestrator import MAIN_JSON, BenchOptions, run_gpu_bench  # noqa: E402
 
 
 def _limits(items: list[str]) -> dict[str, float]:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded wor
 
 
 def main(argv: list[str]) -> int:
-    from tokenflow_ray.serve.cluster_bench import DEFAULT_CONFIG, BurstJobConfig, run_burst_job
+    from tokenflow_ray.lab.cluster_bench import DEFAULT_CONFIG, BurstJobConfig, run_burst_job
 
     p = argparse.ArgumentParser(prog="serve_bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--app", default="tokenflow")

@@ -14,8 +14,9 @@ import sys
 # (group, module): group None registers top-level commands; otherwise the module adds subcommands to that group.
 _COMMAND_MODULES: tuple[tuple[str | None, str], ...] = (
     (None, "tokenflow_ray.engine.cli"),
-    ("bench", "tokenflow_ray.bench.cli"),
+    ("bench", "tokenflow_ray.lab.cli"),
     (None, "tokenflow_ray.serve.cli"),
+    (None, "tokenflow_ray.lab.demo_cli"),
     ("tokenizer", "tokenflow_ray.tokenizer.cli"),
     (None, "tokenflow_ray.sim.cli"),
 )

@@ -131,7 +131,7 @@ def fake_case(policy: str, overlap: bool = False) -> dict:
 
 def null_case(policy: str, streams: int = 160, steps: int = 650) -> dict:
     """The host bench's regime (the H200 pool, setup (a) at 1/8, 20 ms steps) on the NullRunner."""
-    from tokenflow_ray.bench.host_bench import HostBenchConfig, build_engine
+    from tokenflow_ray.lab.host_bench import HostBenchConfig, build_engine
 
     engine = build_engine(HostBenchConfig(), policy, streams)
     clock, runner = engine.clock, engine.runner

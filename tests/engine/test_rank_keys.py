@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.plan_digest import _fake_engine, _fake_requests
-from tokenflow_ray.bench.host_bench import HostBenchConfig, build_engine
 from tokenflow_ray.engine.policies.base import arrival_key
+from tokenflow_ray.lab.host_bench import HostBenchConfig, build_engine
 
 
 def _reference(policy, live, view):

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tokenflow_ray.bench.engine_bench import EngineBenchConfig, run_engine_bench
+from tokenflow_ray.lab.engine_bench import EngineBenchConfig, run_engine_bench
 
 
 def test_engine_bench_runs_and_reports_every_figure(tiny_llama_dir):
@@ -33,7 +33,7 @@ def test_engine_bench_runs_and_reports_every_figure(tiny_llama_dir):
 
 
 def test_profile_only_runs_the_step_profile_alone(tiny_llama_dir):
-    from tokenflow_ray.bench.engine_bench import run_step_profile
+    from tokenflow_ray.lab.engine_bench import run_step_profile
 
     cfg = EngineBenchConfig(model=str(tiny_llama_dir), batches=(3,), prompt_len=8, new_tokens=4, repeats=2,
                             mixed_requests=3, mixed_min_tokens=2, mixed_max_tokens=5, profile_batch=3)

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tokenflow_ray.bench.engine_bench import isa_in_use, machine_info
+from tokenflow_ray.lab.engine_bench import isa_in_use, machine_info
 from tokenflow_ray.runner import cpu_kernels
 from tokenflow_ray.runner.cpu_kernels import GEMM_SOURCE, MARCH_ENV, compiler_available, kernel_march
 

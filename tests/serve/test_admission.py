@@ -61,7 +61,7 @@ def test_admission_fields_are_validated(bad, message):
 
 
 def test_demo_runs_at_default_admission_and_144_streams_overflow_it():
-    from tokenflow_ray.serve.demo import QUICK, DemoConfig
+    from tokenflow_ray.lab.demo import QUICK, DemoConfig
 
     cfg = DemoConfig()
     sc = cfg.serve_config("tokenflow")
@@ -78,7 +78,7 @@ def test_demo_runs_at_default_admission_and_144_streams_overflow_it():
 
 def test_demo_quick_flag_and_rejected_column():
     from tokenflow_ray.cli import build_parser
-    from tokenflow_ray.serve.demo import QUICK, demo_config, print_table
+    from tokenflow_ray.lab.demo import QUICK, demo_config, print_table
 
     args = build_parser().parse_args(["demo", "--quick"])
     assert args.quick is True and demo_config(quick=True) == QUICK

@@ -97,7 +97,7 @@ def test_cli_registers_serve_demo_and_bench_serve():
 
 
 def test_demo_workload_contends_for_memory_within_decode_capacity():
-    from tokenflow_ray.serve.demo import DemoConfig
+    from tokenflow_ray.lab.demo import DemoConfig
 
     cfg = DemoConfig()
     sc = cfg.serve_config("fcfs")

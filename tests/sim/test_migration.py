@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from tokenflow_ray.bench.workloads import LengthDist, RequestSpec, WorkloadSpec, make_requests
 from tokenflow_ray.cli import main
 from tokenflow_ray.cluster import change_log, migration_policy, stream_table
 from tokenflow_ray.engine.llm_engine import LLMEngine
@@ -17,6 +16,7 @@ from tokenflow_ray.sim.experiments import run_setup
 from tokenflow_ray.sim.migration import MigrationLink
 from tokenflow_ray.sim.setups import gpu_replica_setup
 from tokenflow_ray.sim.simulator import Simulation
+from tokenflow_ray.workloads.generators import LengthDist, RequestSpec, WorkloadSpec, make_requests
 
 SETTINGS = migration_policy.MigrationSettings(interval_s=0.5)
 

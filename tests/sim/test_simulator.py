@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from tokenflow_ray.bench.workloads import LengthDist, RequestSpec, WorkloadSpec, make_requests
 from tokenflow_ray.engine.block_pool import BlockPool
 from tokenflow_ray.engine.kv_manager import KVManager
 from tokenflow_ray.engine.llm_engine import LLMEngine
@@ -16,6 +15,7 @@ from tokenflow_ray.sim.conservation import ConservationChecker, ConservationErro
 from tokenflow_ray.sim.experiments import run_setup
 from tokenflow_ray.sim.setups import gpu_replica_setup
 from tokenflow_ray.sim.simulator import Simulation
+from tokenflow_ray.workloads.generators import LengthDist, RequestSpec, WorkloadSpec, make_requests
 
 
 def _requests(n: int = 30, workload: str = "burst", seed: int = 0, arrival_rate: float = 2.0) -> list[RequestSpec]:

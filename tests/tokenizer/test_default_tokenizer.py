@@ -28,7 +28,6 @@ def _png(img_CHW: torch.Tensor) -> tuple[bytes, np.ndarray]:
 
 
 def test_the_default_service_round_trips_held_out_images_at_the_experiments_psnr(tmp_path):
-    from tokenflow_ray.serve.images import ImageTokenizerService
     from tokenflow_ray.tokenizer.experiment.arms import ArmSpec, arm_config
     from tokenflow_ray.tokenizer.experiment.default_tokenizer import (
         RECIPE,
@@ -36,6 +35,7 @@ def test_the_default_service_round_trips_held_out_images_at_the_experiments_psnr
         round_trip_figure,
         served_round_trip,
     )
+    from tokenflow_ray.tokenizer.service import ImageTokenizerService
 
     service = ImageTokenizerService()  # no directory: the packaged one
     assert service.model.config == arm_config(ArmSpec("TF"), RECIPE.side, RECIPE.codebook_size, RECIPE.usage_window)
@@ -54,10 +54,10 @@ def test_the_default_service_round_trips_held_out_images_at_the_experiments_psnr
 
 def test_a_random_tokenizer_of_the_same_shape_is_far_below(tmp_path):
     """What the check above tells apart: the same architecture untrained (what served before) scores far less."""
-    from tokenflow_ray.serve.images import ImageTokenizerService
     from tokenflow_ray.tokenizer.experiment.arms import ArmSpec, arm_config
     from tokenflow_ray.tokenizer.experiment.default_tokenizer import RECIPE, held_out_images
     from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
+    from tokenflow_ray.tokenizer.service import ImageTokenizerService
 
     torch.manual_seed(0)
     DualCodebookTokenizer(arm_config(ArmSpec("TF"), RECIPE.side, RECIPE.codebook_size,
@@ -72,8 +72,8 @@ def test_the_training_script_writes_a_loadable_tokenizer_and_scores_split_c(tmp_
     """The recipe end to end at a few steps (the shipped run: docs/results/runs/tokenizer_default_train.json)."""
     from dataclasses import replace
 
-    from tokenflow_ray.serve.images import ImageTokenizerService
     from tokenflow_ray.tokenizer.experiment.default_tokenizer import RECIPE, train_default
+    from tokenflow_ray.tokenizer.service import ImageTokenizerService
 
     result = train_default(replace(RECIPE, copies=1, teacher_steps=3, steps=3), tmp_path / "tok")
     assert result["held_out"] == "split C" and result["held_out_images"] > 0

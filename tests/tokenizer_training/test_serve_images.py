@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tokenflow_ray.serve.images import ImageLimits, ImageRequestError, ImageTokenizerService
+from tokenflow_ray.tokenizer.service import ImageLimits, ImageRequestError, ImageTokenizerService
 
 
 def png_bytes(side=16, seed=0, height=None) -> bytes:

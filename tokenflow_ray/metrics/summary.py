@@ -106,3 +106,12 @@ def summarize(
         bytes_to_host=bytes_to_host,
         bytes_from_host=bytes_from_host,
     )
+
+
+def policy_ratios(num: dict, den: dict) -> dict:
+    """num / den for effective throughput, P99 TTFT and raw throughput; None where den is 0 or undefined."""
+    def ratio(key: str) -> float | None:
+        a, b = num.get(key), den.get(key)
+        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+    return {"effective_tput": ratio("effective_tput"), "ttft_p99": ratio("ttft_p99_s"), "raw_tput": ratio("raw_tput")}

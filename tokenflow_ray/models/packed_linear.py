@@ -7,7 +7,7 @@ Two kernels, each taking and returning ordinary dense tensors (no per-call conve
 - "onednn": `torch.ops.mkldnn._linear_pointwise` on a weight from `_reorder_linear_weight`: oneDNN's AVX-512/AVX2
   kernels, at close to the core's FMA peak for large products (on AMD CPUs MKL takes an AVX2 path). The default on
   AVX2-only CPUs: with every layer held to AVX2 the panel GEMM tied it in a step at batch 32 and trailed at 64.
-`bench/roofline.py` measures oneDNN's rate; `tokenflow bench engine` the model with whichever kernel runs it.
+`lab/roofline.py` measures oneDNN's rate; `tokenflow bench engine` the model with whichever kernel runs it.
 """
 
 from __future__ import annotations

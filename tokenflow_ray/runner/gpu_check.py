@@ -1,7 +1,7 @@
 """Device checks: paged attention parity, the KV spill round trip, host<->device copy bandwidth and its overlap
 with compute, KV block copies through `KVTransfer`.
 
-`jobs/gpu_bench.py` runs them on a GPU (parts `copies`, `attention`: tokenflow_ray/bench/gpu/); all but
+`jobs/gpu_bench.py` runs them on a GPU (parts `copies`, `attention`: tokenflow_ray/lab/gpu/); all but
 `copy_overlap` also run on the CPU (tests, and the bench's dry run).
 """
 

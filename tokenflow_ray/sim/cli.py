@@ -45,7 +45,7 @@ def _print_policies(policies: dict) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.cli_args import write_json
     from tokenflow_ray.engine.policies import POLICY_NAMES
     from tokenflow_ray.sim import experiments
 
@@ -134,7 +134,7 @@ def _migration_settings(args: argparse.Namespace):
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.cli_args import write_json
     from tokenflow_ray.sim.validate import ValidateConfig, print_validation, run_validation
 
     cfg = ValidateConfig(num_streams=args.streams or 40, seed=args.seed)
@@ -145,7 +145,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from tokenflow_ray.bench.cli import write_json
+    from tokenflow_ray.cli_args import write_json
     from tokenflow_ray.sim.scale import run_scale
 
     streams = args.streams or 10_000
@@ -162,7 +162,8 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _routing(args: argparse.Namespace) -> int:
-    from tokenflow_ray.bench.cli import _name_list, write_json
+    from tokenflow_ray.cli_args import name_list as _name_list
+    from tokenflow_ray.cli_args import write_json
     from tokenflow_ray.sim.routing_compare import COMPARED, compare_routers, print_comparison
 
     gpus = _name_list(args.replica_gpus) if args.replica_gpus else [args.gpu or "h200"] * max(2, args.replicas)

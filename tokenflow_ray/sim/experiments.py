@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 
-from tokenflow_ray.bench.policy_bench import ABLATIONS, policy_ratios
-from tokenflow_ray.bench.workloads import RequestSpec
 from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.metrics import summarize
+from tokenflow_ray.metrics.summary import policy_ratios
 from tokenflow_ray.sim.hardware import deployment
 from tokenflow_ray.sim.migration import MigrationLink
 from tokenflow_ray.sim.setups import (
@@ -34,6 +33,8 @@ from tokenflow_ray.sim.setups import (
     setup_requests,
 )
 from tokenflow_ray.sim.simulator import SimOutcome, Simulation
+from tokenflow_ray.workloads.ablations import ABLATIONS
+from tokenflow_ray.workloads.generators import RequestSpec
 
 Progress = Callable[[int, int], None] | None
 

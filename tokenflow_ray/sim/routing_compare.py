@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenflow_ray.bench.policy_bench import policy_ratios
+from tokenflow_ray.metrics.summary import policy_ratios
 from tokenflow_ray.sim.experiments import summarize_outcome
 from tokenflow_ray.sim.hardware import GPU_NAMES, deployment
 from tokenflow_ray.sim.setups import SETUP_NAMES, gpu_replica_setup, paper_setup, setup_requests

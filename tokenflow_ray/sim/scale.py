@@ -7,10 +7,10 @@ runs the real scheduler and policy every step, so the wall time is the scheduler
 
 from __future__ import annotations
 
-from tokenflow_ray.bench.workloads import LengthDist, WorkloadSpec, make_requests, table1_lengths
 from tokenflow_ray.sim.experiments import summarize_outcome
 from tokenflow_ray.sim.setups import DEFAULT_RATE, gpu_replica_setup
 from tokenflow_ray.sim.simulator import Simulation
+from tokenflow_ray.workloads.generators import LengthDist, WorkloadSpec, make_requests, table1_lengths
 
 
 def scale_requests(num_streams: int, gpu: str, seed: int = 0, arrival_window_s: float = 10.0,

@@ -13,13 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from tokenflow_ray.bench.workloads import LengthDist, RequestSpec, WorkloadSpec, make_requests, table1_lengths
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tokenflow_ray.engine.policies import AndesConfig, TokenFlowConfig
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.sim.cost import HostLink, RooflineStepCost
 from tokenflow_ray.sim.hardware import Deployment, deployment
 from tokenflow_ray.sim.simulator import ReplicaSetup
+from tokenflow_ray.workloads.generators import (
+    LengthDist,
+    RequestSpec,
+    WorkloadSpec,
+    make_requests,
+    table1_lengths,
+)
 
 SETUP_NAMES = ("a", "b", "c", "d")
 POISSON_REQUESTS = 300  # [interpretation] arrivals per Poisson setup (the paper gives rates, not counts)

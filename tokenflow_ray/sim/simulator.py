@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tokenflow_ray.bench.workloads import RequestSpec
 from tokenflow_ray.cluster.inflight import InflightLedger
 from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.cluster.replica_stats import ReplicaStats, replica_stats_from_engine
@@ -45,6 +44,7 @@ from tokenflow_ray.sim.conservation import ConservationChecker
 from tokenflow_ray.sim.cost import HostLink, StepCost
 from tokenflow_ray.sim.migration import ClusterMigration, InTransit, MigrationLink
 from tokenflow_ray.sim.sim_runner import SimRunner
+from tokenflow_ray.workloads.generators import RequestSpec
 
 ROUTERS = ("slack", "pow2", "round_robin", "pinned")  # pinned: every arrival to r000 (a hot-replica scenario)
 _ARRIVAL, _REPLICA, _LAND, _TICK = 0, 1, 2, 3

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from tokenflow_ray.bench.workloads import LengthDist, RequestSpec, WorkloadSpec, make_requests, table1_lengths
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.policies import TokenFlowConfig
@@ -42,6 +41,13 @@ from tokenflow_ray.metrics import summarize
 from tokenflow_ray.sim.cost import CalibratedStepCost, HostLink, StepShape
 from tokenflow_ray.sim.experiments import summarize_outcome
 from tokenflow_ray.sim.simulator import ReplicaSetup, Simulation
+from tokenflow_ray.workloads.generators import (
+    LengthDist,
+    RequestSpec,
+    WorkloadSpec,
+    make_requests,
+    table1_lengths,
+)
 
 METRICS = {"ttft_p50": "ttft_p50_s", "ttft_p99": "ttft_p99_s", "raw_tput": "raw_tput",
            "effective_tput": "effective_tput"}

@@ -36,8 +36,8 @@ class BenchConfig:
 def _setup(cfg: BenchConfig):
     import torch
 
-    from .config import QuantizerConfig
-    from .quantizer import SharedIndexCodebook
+    from tokenflow_ray.tokenizer.config import QuantizerConfig
+    from tokenflow_ray.tokenizer.quantizer import SharedIndexCodebook
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def _setup(cfg: BenchConfig):
 def _naive(cb, q_sem, q_pix, w: float):
     import torch
 
-    from .quantizer import l2n
+    from tokenflow_ray.tokenizer.quantizer import l2n
 
     q = torch.cat([l2n(q_sem), math.sqrt(w) * l2n(q_pix)], 1)
     e = torch.cat([l2n(cb.embed_sem_KC.detach()), math.sqrt(w) * l2n(cb.embed_pix_KC.detach())], 1)

@@ -37,7 +37,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 def _sweep(args: argparse.Namespace) -> int:
     import warnings
 
-    from .experiment.sweep import SweepConfig, append_runs, markdown, run_sweep
+    from tokenflow_ray.tokenizer.experiment.sweep import SweepConfig, append_runs, markdown, run_sweep
 
     seeds = tuple(range(args.first_seed, args.first_seed + (args.seeds or 3)))
     cfg = SweepConfig(dataset=args.dataset, seeds=seeds, codebook_sizes=args.codebook_sizes)
@@ -59,8 +59,8 @@ def _experiment(args: argparse.Namespace) -> int:
     import dataclasses
     import warnings
 
-    from .experiment.report import markdown_table, write_plots
-    from .experiment.run import QUICK, ExperimentConfig, run_experiment
+    from tokenflow_ray.tokenizer.experiment.report import markdown_table, write_plots
+    from tokenflow_ray.tokenizer.experiment.run import QUICK, ExperimentConfig, run_experiment
 
     if args.codebook_sizes:
         return _sweep(args)
@@ -82,12 +82,12 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, run_bench
+    from tokenflow_ray.tokenizer.bench import BenchConfig, run_bench
 
     cfg = BenchConfig(codebook_size=args.codebook_size, num_tokens=args.tokens, threads=args.threads)
     result = run_bench(cfg)
     if args.train:  # Ray Train images/s with 1 vs 2 workers + step vs data-wait time (training/bench.py)
-        from .training.bench import TrainBenchConfig, measure_train_throughput
+        from tokenflow_ray.tokenizer.training.bench import TrainBenchConfig, measure_train_throughput
 
         result.update(measure_train_throughput(TrainBenchConfig(
             steps=args.train_steps, repeats=args.repeats, accum_steps=args.accum_steps, grad_sync=args.grad_sync,

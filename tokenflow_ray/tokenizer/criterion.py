@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import losses as L
-from .config import TokenizerConfig
-from .perceptual import load_lpips
-from .semantic import FrozenTeacher
+from tokenflow_ray.tokenizer import losses as L
+from tokenflow_ray.tokenizer.config import TokenizerConfig
+from tokenflow_ray.tokenizer.perceptual import load_lpips
+from tokenflow_ray.tokenizer.semantic import FrozenTeacher
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import SemDecoderConfig
+from tokenflow_ray.tokenizer.config import SemDecoderConfig
 
 
 class SemanticDecoder(nn.Module):

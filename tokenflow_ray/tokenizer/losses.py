@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import LossConfig
+from tokenflow_ray.tokenizer.config import LossConfig
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import TokenizerConfig
-from .decoders import SemanticDecoder
-from .multiscale import MultiScaleQuantizer, MultiScaleResult
-from .pixel import PixelDecoder, PixelEncoder
-from .semantic import SemanticEncoder, build_tower
+from tokenflow_ray.tokenizer.config import TokenizerConfig
+from tokenflow_ray.tokenizer.decoders import SemanticDecoder
+from tokenflow_ray.tokenizer.multiscale import MultiScaleQuantizer, MultiScaleResult
+from tokenflow_ray.tokenizer.pixel import PixelDecoder, PixelEncoder
+from tokenflow_ray.tokenizer.semantic import SemanticEncoder, build_tower
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 

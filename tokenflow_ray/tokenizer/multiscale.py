@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import QuantizerConfig
-from .quantizer import SharedIndexCodebook, l2n
+from tokenflow_ray.tokenizer.config import QuantizerConfig
+from tokenflow_ray.tokenizer.quantizer import SharedIndexCodebook, l2n
 
 
 @dataclass(frozen=True)

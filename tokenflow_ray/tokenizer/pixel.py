@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import PixelConfig
+from tokenflow_ray.tokenizer.config import PixelConfig
 
 
 def _norm(c: int) -> nn.GroupNorm:

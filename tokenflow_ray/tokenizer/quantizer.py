@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import QuantizerConfig
+from tokenflow_ray.tokenizer.config import QuantizerConfig
 
 _EPS = 1e-8
 

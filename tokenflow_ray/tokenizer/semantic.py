@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from .config import SemanticConfig
+from tokenflow_ray.tokenizer.config import SemanticConfig
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

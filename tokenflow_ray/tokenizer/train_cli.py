@@ -16,11 +16,13 @@ from pathlib import Path
 
 
 def _train(args) -> int:
-    from .training.config import config_with_overrides, load_config
+    from tokenflow_ray.tokenizer.training.config import config_with_overrides, load_config
 
     cfg = config_with_overrides(load_config(args.config, args.set), workers=args.workers, storage=args.storage,
                                 name=args.name)
-    from .training.trainer import run_training  # heavy imports only once the config is known to be good
+    from tokenflow_ray.tokenizer.training.trainer import (
+        run_training,  # heavy imports only once the config is known to be good
+    )
 
     run = run_training(cfg, show_progress=not args.no_progress)
     report = {"metrics": run.metrics, "checkpoint": run.checkpoint_path, "run_path": run.run_path,
@@ -32,7 +34,7 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from .training.evaluate import evaluate_checkpoint
+    from tokenflow_ray.tokenizer.training.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.checkpoint, args.out, num_images=args.num_images, use_ema=not args.no_ema,
                                  fid_features=args.fid_features)
@@ -43,7 +45,7 @@ def _evaluate(args) -> int:
 
 
 def _export(args) -> int:
-    from .training.export import export_checkpoint
+    from tokenflow_ray.tokenizer.training.export import export_checkpoint
 
     print(export_checkpoint(args.checkpoint, args.out, use_ema=not args.no_ema))
     return 0

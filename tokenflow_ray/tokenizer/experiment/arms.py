@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import (
+from tokenflow_ray.tokenizer.config import (
     LossConfig,
     PixelConfig,
     QuantizerConfig,
@@ -28,10 +28,10 @@ from ..config import (
     SemDecoderConfig,
     TokenizerConfig,
 )
-from ..criterion import TokenizerLoss
-from ..model import DualCodebookTokenizer
-from . import metrics as M
-from .data import DigitData
+from tokenflow_ray.tokenizer.criterion import TokenizerLoss
+from tokenflow_ray.tokenizer.experiment import metrics as M
+from tokenflow_ray.tokenizer.experiment.data import DigitData
+from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ RECIPE = DefaultTokenizerRecipe()
 
 def held_out_images(recipe: DefaultTokenizerRecipe = RECIPE):
     """Split C of the recipe's generated data: N x 3 x side x side in [-1, 1], never seen in training."""
-    from .data import make_data
+    from tokenflow_ray.tokenizer.experiment.data import make_data
 
     return make_data(recipe.dataset, recipe.seed, copies=recipe.copies, side=recipe.side).c.images_NCHW
 
@@ -63,7 +63,7 @@ def served_round_trip(images_NCHW, model_dir: str | None = None) -> RoundTrip:
     import numpy as np
     from PIL import Image
 
-    from tokenflow_ray.serve.images import ImageTokenizerService
+    from tokenflow_ray.tokenizer.service import ImageTokenizerService
 
     service = ImageTokenizerService(model_dir)
     psnr, originals, returned = [], [], []
@@ -102,11 +102,17 @@ def round_trip_figure(trip: RoundTrip, png: Path, columns: int = 12) -> Path:
 
 
 def train_default(recipe: DefaultTokenizerRecipe, out: Path) -> dict:
+    from tokenflow_ray.tokenizer.experiment.arms import (
+        ArmSpec,
+        TrainSettings,
+        arm_config,
+        evaluate_arm,
+        teacher_semantic_config,
+        train_arm,
+    )
+    from tokenflow_ray.tokenizer.experiment.data import make_data
+    from tokenflow_ray.tokenizer.experiment.teacher import train_teacher
     from tokenflow_ray.torch_threads import torch_threads
-
-    from .arms import ArmSpec, TrainSettings, arm_config, evaluate_arm, teacher_semantic_config, train_arm
-    from .data import make_data
-    from .teacher import train_teacher
 
     t0 = time.perf_counter()
     with torch_threads(recipe.threads):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import image_metrics
+from tokenflow_ray.tokenizer import image_metrics
 
 
 def psnr_per_image(recon_NCHW: torch.Tensor, target_NCHW: torch.Tensor) -> torch.Tensor:

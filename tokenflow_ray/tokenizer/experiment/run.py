@@ -7,11 +7,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tokenflow_ray.tokenizer.experiment.arms import ArmSpec, TrainSettings, run_arm, teacher_semantic_config
+from tokenflow_ray.tokenizer.experiment.data import DATASETS, make_data
+from tokenflow_ray.tokenizer.experiment.teacher import teacher_steps_for, train_teacher
 from tokenflow_ray.torch_threads import torch_threads
-
-from .arms import ArmSpec, TrainSettings, run_arm, teacher_semantic_config
-from .data import DATASETS, make_data
-from .teacher import teacher_steps_for, train_teacher
 
 MAIN_ARMS = (ArmSpec("P", w_sem=0.0), ArmSpec("S", w_dis=0.0), ArmSpec("TF"),
              ArmSpec("TF-sep", index_mode="separate"))

@@ -23,11 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenflow_ray.tokenizer.experiment.arms import (
+    ArmSpec,
+    TrainSettings,
+    arm_config,
+    evaluate_arm,
+    teacher_semantic_config,
+    train_arm,
+)
+from tokenflow_ray.tokenizer.experiment.data import DATASETS, make_data
+from tokenflow_ray.tokenizer.experiment.teacher import teacher_steps_for, train_teacher
 from tokenflow_ray.torch_threads import torch_threads
-
-from .arms import ArmSpec, TrainSettings, arm_config, evaluate_arm, teacher_semantic_config, train_arm
-from .data import DATASETS, make_data
-from .teacher import teacher_steps_for, train_teacher
 
 SWEEP_ARMS = ("P", "S", "TF", "PxS")
 METRICS = ("psnr", "ssim", "digit_acc", "color_acc", "digit_acc_emb", "usage", "perplexity", "nmi_digit",

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import SemanticConfig
-from ..semantic import CNNTower
-from .data import DATASETS, DigitSplit, colourise
+from tokenflow_ray.tokenizer.config import SemanticConfig
+from tokenflow_ray.tokenizer.experiment.data import DATASETS, DigitSplit, colourise
+from tokenflow_ray.tokenizer.semantic import CNNTower
 
 TEACHER_STEPS = {"digits": 300, "shapes": 2000}
 

@@ -52,7 +52,7 @@ class TrainBenchConfig:
 
 
 def train_config(cfg: TrainBenchConfig, workers: int, storage: str, name: str, epochs: int = 1):
-    from .config import TrainConfig
+    from tokenflow_ray.tokenizer.training.config import TrainConfig
 
     return TrainConfig().replace(
         data={"source": "digits", "num_images": cfg.num_images(epochs), "batch_size": cfg.batch_size,
@@ -88,14 +88,14 @@ def summarize(rounds: list[dict[int, dict]], workers: tuple[int, ...]) -> dict:
 
 def measure_train_throughput(cfg: TrainBenchConfig | None = None, storage_dir: str | None = None,
                              log=print) -> dict:
-    from .trainer import ensure_ray, run_training
+    from tokenflow_ray.tokenizer.training.trainer import ensure_ray, run_training
 
     cfg = cfg or TrainBenchConfig()
     # A local instance started here goes without the dashboard's processes: on 2 cores every process beside the 2
     # workers costs them (docs/tokenizer.md).
     ensure_ray(include_dashboard=False)
     storage = storage_dir or tempfile.mkdtemp(prefix="tokenflow-train-bench-")
-    from .ceiling import measure_ceiling
+    from tokenflow_ray.tokenizer.training.ceiling import measure_ceiling
 
     rounds: list[dict] = []
     for r in range(cfg.repeats):

@@ -14,11 +14,11 @@ import time
 def _steps(image_size: int, batch_size: int, steps: int, out) -> None:
     import torch
 
-    from ..criterion import TokenizerLoss
-    from ..discriminator import PatchDiscriminator
-    from ..losses import discriminator_loss
-    from ..model import DualCodebookTokenizer
-    from .config import TrainConfig
+    from tokenflow_ray.tokenizer.criterion import TokenizerLoss
+    from tokenflow_ray.tokenizer.discriminator import PatchDiscriminator
+    from tokenflow_ray.tokenizer.losses import discriminator_loss
+    from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
+    from tokenflow_ray.tokenizer.training.config import TrainConfig
 
     torch.set_num_threads(1)
     tok_cfg = TrainConfig().replace(model={"image_size": image_size}).model

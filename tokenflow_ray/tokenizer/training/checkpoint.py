@@ -77,8 +77,8 @@ def latest_checkpoint_dir(run_dir: str | Path) -> Path:
 
 def model_from_state(state: TrainState, use_ema: bool = True):
     """Rebuild the DualCodebookTokenizer from a training state (EMA weights when present and asked for)."""
-    from ..model import DualCodebookTokenizer
-    from .config import TrainConfig
+    from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
+    from tokenflow_ray.tokenizer.training.config import TrainConfig
 
     model = DualCodebookTokenizer(TrainConfig.from_dict(state.config).model)
     model.load_state_dict(state.model, strict=True)

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import TokenizerConfig, merge_tree
+from tokenflow_ray.tokenizer.config import TokenizerConfig, merge_tree
 
 DATA_SOURCES = ("digits", "shapes", "parquet", "images")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..preprocess import decode_rgb, random_crop_resize, sample_uniforms
-from .config import DataSettings
-from .split import IMAGE_EXTENSIONS, resolve_split
+from tokenflow_ray.tokenizer.preprocess import decode_rgb, random_crop_resize, sample_uniforms
+from tokenflow_ray.tokenizer.training.config import DataSettings
+from tokenflow_ray.tokenizer.training.split import IMAGE_EXTENSIONS, resolve_split
 
 log = logging.getLogger(__name__)
 

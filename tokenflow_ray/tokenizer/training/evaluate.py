@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .. import image_metrics
-from .config import DataSettings, TrainConfig
+from tokenflow_ray.tokenizer import image_metrics
+from tokenflow_ray.tokenizer.training.config import DataSettings, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,9 @@ def load_eval_images(cfg: DataSettings, storage_dir: str, image_size: int, num_i
     """Up to `num_images` held-out images (centre-cropped, as served) and the files they came from."""
     import numpy as np
 
-    from ..preprocess import center_crop_resize, decode_rgb
-    from .data import _read_rows
-    from .split import resolve_split
+    from tokenflow_ray.tokenizer.preprocess import center_crop_resize, decode_rgb
+    from tokenflow_ray.tokenizer.training.data import _read_rows
+    from tokenflow_ray.tokenizer.training.split import resolve_split
 
     split = resolve_split(cfg, storage_dir, image_size)
     arrays, used = [], []
@@ -102,7 +102,11 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, num_images:
                         use_ema: bool = True, fid_features: str | None = None) -> EvalResult:
     """Evaluate a training checkpoint (or a run folder: its latest checkpoint) on its held-out split; writes
     metrics.json + samples.png. `num_images` / `fid_features` default to the run's eval section."""
-    from .checkpoint import latest_checkpoint_dir, load_state, model_from_state
+    from tokenflow_ray.tokenizer.training.checkpoint import (
+        latest_checkpoint_dir,
+        load_state,
+        model_from_state,
+    )
 
     state = load_state(latest_checkpoint_dir(checkpoint))
     cfg = TrainConfig.from_dict(state.config)

@@ -23,11 +23,10 @@ import torch
 import torch.distributed as dist
 
 from tokenflow_ray.affinity import pin_this_worker
-
-from .checkpoint import TrainState, load_state, save_state
-from .config import TrainConfig
-from .grad_sync import broadcast_params, start_average, world_size
-from .metrics import IntervalMeter
+from tokenflow_ray.tokenizer.training.checkpoint import TrainState, load_state, save_state
+from tokenflow_ray.tokenizer.training.config import TrainConfig
+from tokenflow_ray.tokenizer.training.grad_sync import broadcast_params, start_average, world_size
+from tokenflow_ray.tokenizer.training.metrics import IntervalMeter
 
 log = logging.getLogger(__name__)
 LOSS_TERMS = ("loss", "sem_loss", "vq_loss", "mse_loss", "l1_loss", "lpips_loss", "gan_loss")
@@ -58,9 +57,9 @@ def _all_gather(obj) -> list:
 def _build(cfg: TrainConfig, device):
     from ray.train.torch import prepare_model
 
-    from ..criterion import TokenizerLoss
-    from ..discriminator import PatchDiscriminator
-    from ..model import DualCodebookTokenizer
+    from tokenflow_ray.tokenizer.criterion import TokenizerLoss
+    from tokenflow_ray.tokenizer.discriminator import PatchDiscriminator
+    from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
 
     tok_cfg = cfg.model
     torch.manual_seed(cfg.data.seed)  # same init on every rank (rank 0's weights are also broadcast)
@@ -96,7 +95,7 @@ def train_loop(loop_config: dict) -> dict:
     from ray.train import Checkpoint
     from ray.train.torch import get_device
 
-    from ..losses import discriminator_loss, gan_active
+    from tokenflow_ray.tokenizer.losses import discriminator_loss, gan_active
 
     cfg = TrainConfig.from_dict(loop_config["train"])
     progress = loop_config.get("progress")  # a ProgressActor handle, or None

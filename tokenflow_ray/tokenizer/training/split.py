@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import DataSettings
+from tokenflow_ray.tokenizer.training.config import DataSettings
 
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "bmp", "gif", "webp", "tif", "tiff")
 
@@ -61,7 +61,7 @@ def hash_split(files: list[str], fraction: float) -> Split:
 def resolve_split(cfg: DataSettings, storage_dir: str, image_size: int = 32) -> Split:
     exts = IMAGE_EXTENSIONS if cfg.source == "images" else ("parquet",)
     if cfg.source in ("digits", "shapes"):
-        from .datasets import write_generated
+        from tokenflow_ray.tokenizer.training.datasets import write_generated
 
         root = cfg.path or str(Path(storage_dir) / "datasets")
         side = max(32, image_size)  # generated at >= 32 px; crops resize down to the model's side

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .config import TrainConfig
+from tokenflow_ray.tokenizer.training.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def build_trainer(cfg: TrainConfig, dataset, progress=None, data_info: dict | No
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from .loop import train_loop
+    from tokenflow_ray.tokenizer.training.loop import train_loop
 
     s = cfg.scaling
     return TorchTrainer(
@@ -119,8 +119,8 @@ def run_training(cfg: TrainConfig, show_progress: bool = True,
     snapshot on the driver (tests use it to kill a worker mid-run)."""
     import ray
 
-    from .checkpoint import read_position
-    from .data import build_train_data
+    from tokenflow_ray.tokenizer.training.checkpoint import read_position
+    from tokenflow_ray.tokenizer.training.data import build_train_data
 
     cfg.check_local_files()  # a missing LPIPS / teacher file is a one-line error here, before any worker starts
     ensure_ray()

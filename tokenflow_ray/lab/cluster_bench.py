@@ -1,0 +1,97 @@
+"""The burst benchmark against a Serve app on the cluster this process has joined (jobs/serve_bench.py).
+
+Finds the app by name (`serve deploy`ed, or left by an earlier run) or deploys it from a Serve config YAML, then
+sends the demo's burst of paced streaming clients (lab/demo.py's workload) to the HTTP proxy on this node and
+reports the demo's JSON: `policies: {<the app's policy>: {ttft_p99_s, effective_tput, raw_tput, stall_s, ...}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenflow_ray.serve.config import ServeConfig
+
+DEFAULT_CONFIG = Path(__file__).with_name("serve.yaml")
+
+
+@dataclass(frozen=True)
+class BurstJobConfig:
+    app: str = "tokenflow"
+    config: str = str(DEFAULT_CONFIG)  # deployed only when no app of that name runs
+    streams: int = 16
+    max_tokens: int = 48
+    rate: float = 16.0
+    burst_s: float = 0.5
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.streams <= 0 or self.max_tokens <= 0 or self.rate < 0 or self.burst_s < 0 or self.timeout_s <= 0:
+            raise ValueError("streams, max_tokens, timeout_s must be positive; rate, burst_s >= 0")
+
+
+def _serve_details() -> dict[str, Any]:
+    """Serve's instance details (HTTP options, applications with their deployed config): what `serve status` and
+    the dashboard's /api/serve/applications show, read from the controller (no dashboard address needed)."""
+    from ray.serve.context import _get_global_client
+
+    return _get_global_client().get_serve_details()
+
+
+def find_or_deploy(cfg: BurstJobConfig) -> tuple[str, dict[str, Any], bool]:
+    """(base URL of this node's proxy, the app's args, whether this call deployed it)."""
+    from ray import serve
+
+    from tokenflow_ray.serve.app import deploy
+
+    deployed = False
+    try:
+        details = _serve_details()
+    except Exception:  # Serve not started on this cluster
+        details = {"applications": {}}
+    app = details.get("applications", {}).get(cfg.app)
+    if app is None:
+        config = ServeConfig.from_yaml(cfg.config, app_name=cfg.app)
+        serve.start(http_options={"host": config.host, "port": config.port})  # a no-op where Serve runs
+        deploy(config)  # returns once the app is RUNNING
+        deployed = True
+    deadline = time.monotonic() + cfg.timeout_s
+    while True:  # an app `serve deploy` just submitted may still be deploying
+        details = _serve_details()
+        app = details["applications"][cfg.app]
+        if app.get("status") == "RUNNING":
+            break
+        if app.get("status") == "DEPLOY_FAILED" or time.monotonic() > deadline:
+            raise RuntimeError(f"app {cfg.app!r} is {app.get('status')}: {app.get('message', '')}")
+        time.sleep(0.5)
+    args = dict((app.get("deployed_app_config") or {}).get("args") or {})
+    http = details.get("http_options") or {}
+    host = http.get("host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # the proxy on this node (proxy_location)
+    prefix = (app.get("route_prefix") or "/").rstrip("/")
+    return f"http://{host}:{http.get('port', 8000)}{prefix}", args, deployed
+
+
+def run_burst_job(cfg: BurstJobConfig) -> dict[str, Any]:
+    from tokenflow_ray.client import StreamSpec, run_load
+    from tokenflow_ray.lab.demo import DemoConfig
+
+    start = time.monotonic()
+    base_url, args, deployed = find_or_deploy(cfg)
+    served = ServeConfig.from_dict({**args, "app_name": cfg.app}) if args else ServeConfig(app_name=cfg.app)
+    demo = DemoConfig(policies=(served.policy,), streams=cfg.streams, max_tokens=cfg.max_tokens, rate=cfg.rate,
+                      burst_s=cfg.burst_s, timeout_s=cfg.timeout_s)
+    asyncio.run(run_load(base_url, [StreamSpec("warm up", max_tokens=2)], api_key=served.api_key, timeout_s=60))
+    res = asyncio.run(run_load(base_url, demo.specs(), model=served.model, api_key=served.api_key,
+                               timeout_s=cfg.timeout_s, report_interval_s=1.0))
+    s = res.summary()
+    row = {"ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s, "effective_tput": s.effective_tput,
+           "raw_tput": s.raw_tput, "stall_s": s.stall_s, "qoe_mean": s.qoe_mean, "complete": res.num_complete,
+           "streams": len(res.results), "admitted": res.num_admitted, "rejected": res.num_rejected}
+    return {"app": cfg.app, "url": base_url, "deployed": deployed, "policies": {served.policy: row},
+            "workload": {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "rate": cfg.rate,
+                         "burst_s": cfg.burst_s},
+            "autoscaling": served.autoscaling is not None, "wall_s": time.monotonic() - start}
