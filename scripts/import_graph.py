@@ -4,8 +4,8 @@
 
 Prints the room-level graph (a room is a top-level subpackage or module of the package), the import cycles between
 modules, the imports that run back up the declared room order (tests/test_layering.py holds it) and the source
-files over the size limit. Every import counts: module level, inside a function, under `if TYPE_CHECKING:`; a
-relative import is resolved to its absolute module.
+files over the size limit. Every import counts, at module level or inside a function; one under `if TYPE_CHECKING:`
+never runs, so it counts for the layering but not for cycles. A relative import is resolved to its module.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class ImportEdge:
     target: str  # the imported module (a package's `__init__` is named by the package)
     line: int
     in_function: bool  # inside a def: runs on the call, not on import
+    type_only: bool = False  # under `if TYPE_CHECKING:`: never runs (a layering edge, not a cycle edge)
 
 
 @dataclass(frozen=True)
@@ -67,19 +68,37 @@ def _resolve_relative(module: str, is_package: bool, level: int, name: str | Non
     return ".".join(base + ([name] if name else []))
 
 
-def _function_nodes(tree: ast.AST) -> set[int]:
+def _nodes_under(tree: ast.AST, kind) -> set[int]:
+    """ids of every node inside a node that `kind(node)` picks."""
     inside = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        if kind(node):
             for child in ast.walk(node):
                 inside.add(id(child))
     return inside
 
 
+def _is_function(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def module_imports(module: str, path: Path, modules: dict[str, Path], package: str) -> list[ImportEdge]:
     """The imports of one module into the package, each resolved to the deepest module it names."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    in_function = _function_nodes(tree)
+    in_function = _nodes_under(tree, _is_function)
+    type_only = set()
+    for node in ast.walk(tree):
+        if _is_type_checking_block(node):
+            for stmt in node.body:  # the `else:` branch runs
+                type_only |= {id(child) for child in ast.walk(stmt)}
     is_package = path.name == "__init__.py"
     edges = []
     for node in ast.walk(tree):
@@ -98,7 +117,7 @@ def module_imports(module: str, path: Path, modules: dict[str, Path], package: s
             while target not in modules and "." in target:  # `import a.b.c` where c is an attribute
                 target = target.rsplit(".", 1)[0]
             if target != module:
-                edges.append(ImportEdge(module, target, node.lineno, id(node) in in_function))
+                edges.append(ImportEdge(module, target, node.lineno, id(node) in in_function, id(node) in type_only))
     return edges
 
 
@@ -154,7 +173,8 @@ def analyse(package_dir: Path, order: list[str] | None = None, max_lines: int = 
     graph: dict[str, set[str]] = {m: set() for m in modules}
     rooms: dict[str, set[str]] = {}
     for e in edges:
-        graph[e.source].add(e.target)
+        if not e.type_only:
+            graph[e.source].add(e.target)
         src, dst = room_of(e.source, package), room_of(e.target, package)
         rooms.setdefault(src, set())
         if src != dst:

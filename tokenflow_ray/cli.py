@@ -13,7 +13,7 @@ import sys
 
 # (group, module): group None registers top-level commands; otherwise the module adds subcommands to that group.
 _COMMAND_MODULES: tuple[tuple[str | None, str], ...] = (
-    (None, "tokenflow_ray.engine.cli"),
+    (None, "tokenflow_ray.entrypoints.generate"),
     ("bench", "tokenflow_ray.lab.cli"),
     (None, "tokenflow_ray.serve.cli"),
     (None, "tokenflow_ray.lab.demo_cli"),

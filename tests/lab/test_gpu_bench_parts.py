@@ -118,7 +118,7 @@ def test_the_attention_comparison_fails_a_wrong_backend():
 
     from tokenflow_ray.lab.gpu.attention import TOLERANCE, _compare, _passes
     from tokenflow_ray.lab.gpu.paged_cases import case_specs, make_case, reference
-    from tokenflow_ray.runner.attention import SdpaPagedAttention
+    from tokenflow_ray.layers.attention import SdpaPagedAttention
 
     class OffByOnePercent(SdpaPagedAttention):
         def forward(self, *args):

@@ -6,13 +6,9 @@ import sys
 import pytest
 import torch
 
-from tokenflow_ray.runner.attention import (
-    CpuPagedAttention,
-    SdpaPagedAttention,
-    flash_attn_available,
-    select_backend,
-)
-from tokenflow_ray.runner.cpu_kernels import compiler_available, load_paged_decode_attention
+from tokenflow_ray.layers.attention import CpuPagedAttention, SdpaPagedAttention
+from tokenflow_ray.layers.attention_select import flash_attn_available, select_backend
+from tokenflow_ray.layers.cpu_kernels import compiler_available, load_paged_decode_attention
 
 needs_compiler = pytest.mark.skipif(not compiler_available(), reason="needs a C++ compiler")
 
@@ -79,18 +75,18 @@ def test_triton_is_cudas_default_without_flash_attn_and_opt_in_on_cpu(monkeypatc
     """auto on CUDA: flash-attn when importable and the block size suits it, else the Triton kernels (nothing is
     compiled or run here: the backend is only built). On CPU, triton only when asked for, under the interpreter,
     and never in bfloat16 (the interpreter has none)."""
-    from tokenflow_ray.runner import attention
-    from tokenflow_ray.runner.triton_attention import TritonPagedAttention, triton_available
+    from tokenflow_ray.layers import attention_select
+    from tokenflow_ray.layers.triton_attention import TritonPagedAttention, triton_available
 
     if not triton_available():
         pytest.skip("triton is not installed")
     cuda = torch.device("cuda")
-    monkeypatch.setattr(attention, "flash_attn_available", lambda: False)
+    monkeypatch.setattr(attention_select, "flash_attn_available", lambda: False)
     assert isinstance(select_backend(cuda, 16), TritonPagedAttention)
     assert isinstance(select_backend(cuda, 16, prefer="sdpa"), SdpaPagedAttention)
     with pytest.raises(ValueError, match="flash-attn is not installed"):
         select_backend(cuda, 16, prefer="flash")
-    monkeypatch.setattr(attention, "flash_attn_available", lambda: True)
+    monkeypatch.setattr(attention_select, "flash_attn_available", lambda: True)
     assert isinstance(select_backend(cuda, 16), TritonPagedAttention)  # block size 16: not flash's
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not isinstance(select_backend(torch.device("cpu"), 16), TritonPagedAttention)  # auto on CPU
@@ -103,7 +99,7 @@ def test_triton_is_cudas_default_without_flash_attn_and_opt_in_on_cpu(monkeypatc
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_flash_matches_sdpa_on_paged_kv():
-    from tokenflow_ray.runner.attention import FlashPagedAttention
+    from tokenflow_ray.layers.attention import FlashPagedAttention
 
     if not flash_attn_available():
         pytest.skip("flash-attn not installed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from tokenflow_ray.runner.cpu_kernels import STALE_BUILD_LOCK_S, drop_stale_build_lock
+from tokenflow_ray.layers.cpu_kernels import STALE_BUILD_LOCK_S, drop_stale_build_lock
 
 
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):

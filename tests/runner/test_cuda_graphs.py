@@ -12,7 +12,7 @@ import torch
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig
 from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan
-from tokenflow_ray.runner.attention import AttentionMetadata
+from tokenflow_ray.layers.attention import AttentionMetadata
 from tokenflow_ray.runner.cuda_graphs import CopyInInputs, DecodeGraphs, eager_capture, run_copied_in
 from tokenflow_ray.runner.model_runner import TorchModelRunner
 
@@ -70,7 +70,8 @@ def test_bad_sizes_are_refused():
 
 
 def test_gpu_defaults_pick_a_flash_block_size_and_keep_the_pool():
-    from tokenflow_ray.runner.model_runner import FLASH_BLOCK_SIZE, gpu_cache_defaults
+    from tokenflow_ray.engine.config import FLASH_BLOCK_SIZE
+    from tokenflow_ray.runner.device_defaults import gpu_cache_defaults
 
     base = EngineConfig(cache=CacheConfig(num_device_blocks=1024, num_host_blocks=100))
     gpu = gpu_cache_defaults(base, cuda=True, flash=True)
@@ -88,8 +89,8 @@ def test_gpu_defaults_pick_a_flash_block_size_and_keep_the_pool():
 # ---- the Triton backend's graphs: static inputs are views of the step staging buffer -------------------------
 def _triton_runner(model_dir, monkeypatch, max_seqs=4, capture=eager_capture, eager=False, staged=True):
     from tokenflow_ray.engine.config import SchedulerConfig
+    from tokenflow_ray.layers.triton_attention import triton_available
     from tokenflow_ray.runner.model_runner import RunnerOptions
-    from tokenflow_ray.runner.triton_attention import triton_available
 
     if not triton_available():
         if os.environ.get("CI"):

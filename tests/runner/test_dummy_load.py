@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from tokenflow_ray.engine.config import MODEL_PRESETS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.models import presets
 from tokenflow_ray.models.loader import build_model, resolve_model
+from tokenflow_ray.runner.factory import build_engine
 
 # gpu-notes.md §2, counted from the HF configs (embedding + untied lm_head + layers + final norm).
 PARAMS = {"llama3-8b": 8_030_261_248, "qwen2-7b": 7_615_616_512, "qwen2.5-32b": 32_763_876_352}
 
 
 def _runner(model, dtype="float32", seed=0, load_format="dummy"):
-    engine = LLMEngine.from_config(EngineConfig(
+    engine = build_engine(EngineConfig(
         model=ModelConfig(model=str(model), dtype=dtype, device="cpu", load_format=load_format, seed=seed,
                           fused_cpu_ops=False, cpu_prepack=False, attention_backend="sdpa"),
         cache=CacheConfig(block_size=16, num_device_blocks=64),

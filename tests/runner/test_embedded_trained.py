@@ -17,6 +17,7 @@ from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.models import embedded_corpus as corpus_mod
 from tokenflow_ray.models.train_embedded import TrainConfig, lr_at, plot_training_log, train
+from tokenflow_ray.runner.factory import build_engine
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,7 +26,7 @@ MAX_HELD_OUT_BITS_PER_BYTE = 2.5  # the shipped weights: 1.89 on this sample, 2.
 
 
 def _engine(model_dir) -> LLMEngine:
-    return LLMEngine.from_config(EngineConfig(model=ModelConfig(model=str(model_dir)),
+    return build_engine(EngineConfig(model=ModelConfig(model=str(model_dir)),
                                               cache=CacheConfig(block_size=16, num_device_blocks=64),
                                               scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256)))
 

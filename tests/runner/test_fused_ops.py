@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tokenflow_ray.layers.cpu_kernels import compiler_available, load_fused_ops
 from tokenflow_ray.models.llama import _rope
-from tokenflow_ray.runner.cpu_kernels import compiler_available, load_fused_ops
 
 pytestmark = pytest.mark.skipif(not compiler_available(), reason="needs a C++ compiler")
 

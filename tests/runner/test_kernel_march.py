@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tokenflow_ray.lab.engine_bench import isa_in_use, machine_info
-from tokenflow_ray.runner import cpu_kernels
-from tokenflow_ray.runner.cpu_kernels import GEMM_SOURCE, MARCH_ENV, compiler_available, kernel_march
+from tokenflow_ray.layers import cpu_kernels
+from tokenflow_ray.layers.cpu_kernels import GEMM_SOURCE, MARCH_ENV, compiler_available, kernel_march
 
 
 def test_native_by_default_and_tagged_by_this_cpus_flags(monkeypatch):

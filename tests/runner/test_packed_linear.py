@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from tokenflow_ray.models.packed_linear import PackedLinear, onednn_linear_available, resolve_cpu_gemm
-from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
+from tokenflow_ray.layers.cpu_kernels import load_packed_gemm
+from tokenflow_ray.layers.packed_linear import PackedLinear, onednn_linear_available, resolve_cpu_gemm
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available() or load_packed_gemm() is None,
                                 reason="needs oneDNN and a C++ compiler")
@@ -90,8 +90,8 @@ def test_bound_tensors_follow_the_module_when_it_is_moved_or_repacked():
     """PackedLinear and DecoderLayer keep their hot-path tensors and projections as plain attributes; those must
     follow the module: buffers replaced by `_apply` (.to(), .cpu(), a clone) and projections packed after the
     first forward."""
+    from tokenflow_ray.layers.packed_linear import pack_linears
     from tokenflow_ray.models.llama import DecoderLayer
-    from tokenflow_ray.models.packed_linear import pack_linears
 
     torch.manual_seed(0)
     linear = nn.Linear(32, 48)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
-from tokenflow_ray.models.packed_linear import resolve_cpu_gemm
-from tokenflow_ray.runner.cpu_kernels import compiler_available
+from tokenflow_ray.layers.cpu_kernels import compiler_available
+from tokenflow_ray.layers.packed_linear import resolve_cpu_gemm
+from tokenflow_ray.runner.factory import build_engine
 
 NEW_TOKENS = 24
 
@@ -43,7 +43,7 @@ def _hf_reference(model_dir, prompts, n=NEW_TOKENS):
 
 def _engine(model_dir, budget=512, blocks=256, chunked=True, max_seqs=16, block_size=16, fused=True,
             overlap=False, gemm="auto", layout="auto"):
-    return LLMEngine.from_config(EngineConfig(
+    return build_engine(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", fused_cpu_ops=fused, cpu_gemm=gemm),
         cache=CacheConfig(block_size=block_size, num_device_blocks=blocks, kv_layout=layout),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked),

@@ -7,13 +7,13 @@ import torch
 
 from tests.runner.test_parity import NEW_TOKENS, _hf_reference_cached, _prompts
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.runner.factory import build_engine
 
 
 def _engine(model_dir, overlap=True, write_through=True, host=256, resume="load", overlap_scheduling=False,
             layout="auto"):
-    return LLMEngine.from_config(EngineConfig(
+    return build_engine(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu"),
         cache=CacheConfig(block_size=8, num_device_blocks=96, num_host_blocks=host, overlap_copies=overlap,
                           write_through=write_through, resume_mode=resume, kv_layout=layout),

@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from tokenflow_ray.runner.attention import AttentionMetadata, SdpaPagedAttention
+from tokenflow_ray.layers.attention import AttentionMetadata, SdpaPagedAttention
+from tokenflow_ray.layers.triton_attention import TritonPagedAttention, triton_available
 from tokenflow_ray.runner.kv_pool import KVPool
-from tokenflow_ray.runner.triton_attention import TritonPagedAttention, triton_available
 
 if not triton_available():
     if os.environ.get("CI"):
@@ -284,7 +284,7 @@ def test_engine_on_cuda_defaults_to_triton_and_matches_hf(tiny_llama_dir, overla
     from tests.runner.test_parity import _prompts
     from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from tokenflow_ray.engine.llm_engine import LLMEngine
-    from tokenflow_ray.runner.attention import flash_attn_available
+    from tokenflow_ray.layers.attention_select import flash_attn_available
     from tokenflow_ray.runner.model_runner import TorchModelRunner
 
     if flash_attn_available():

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any
 
+from tokenflow_ray.checks import require
 from tokenflow_ray.engine.policies import POLICY_NAMES, AndesConfig, TokenFlowConfig
 
 EMBEDDED_MODEL = "embedded"  # the seeded small Llama written to the cache folder on first use
@@ -14,14 +17,10 @@ MODEL_PRESETS = ("llama3-8b", "qwen2-7b", "qwen2.5-32b")
 # ModelConfig.load_format, vLLM's names: auto reads the checkpoint's safetensors; dummy builds the model from its
 # config with random weights drawn on the device (benchmarks of any shape without a checkpoint).
 LOAD_FORMATS = ("auto", "dummy")
-CPU_GEMMS = ("auto", "tokenflow", "onednn")  # ModelConfig.cpu_gemm (models/packed_linear.py)
+CPU_GEMMS = ("auto", "tokenflow", "onednn")  # ModelConfig.cpu_gemm (layers/packed_linear.py)
 KV_LAYOUTS = ("auto", "layer_major", "block_major")  # CacheConfig.kv_layout (runner/kv_pool.py)
 ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "cpu_paged", "triton")  # ModelConfig.attention_backend
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
+FLASH_BLOCK_SIZE = 256  # flash-attn 2's paged KV kernel wants block sizes in multiples of this
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class ModelConfig:
     # choice beside a copy thread: OpenMP teams of 2 stall at barriers whenever another thread takes a core.
     num_threads: int | None = None
     cpu_prepack: bool = True  # fp32 on CPU: pack linear weights once for the GEMM kernel below (faster decode GEMMs)
-    # Which GEMM the packed linears run. auto: the compiled panel GEMM (runner/csrc/packed_gemm.cpp) on AVX-512 CPUs,
+    # Which GEMM the packed linears run. auto: the compiled panel GEMM (layers/csrc/packed_gemm.cpp) on AVX-512 CPUs,
     # where it measured faster than oneDNN at every batch size, else oneDNN's packed linear; or name one.
     cpu_gemm: str = "auto"
     # fp32 on CPU: RMSNorm + residual, RoPE + KV write and SiLU·mul as fused C++ kernels (False: the reference ops)
@@ -50,27 +49,28 @@ class ModelConfig:
     load_format: str = "auto"
 
     def __post_init__(self) -> None:
-        _require(bool(self.model), "model: must name a local directory, a hub id, 'embedded' or a preset "
+        require(bool(self.model), "model: must name a local directory, a hub id, 'embedded' or a preset "
                                    f"({', '.join(MODEL_PRESETS)})")
-        _require(self.load_format in LOAD_FORMATS,
+        require(self.load_format in LOAD_FORMATS,
                  f"load_format: expected one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
-        _require(self.model not in MODEL_PRESETS or self.load_format == "dummy",
+        require(self.model not in MODEL_PRESETS or self.load_format == "dummy",
                  f"model: {self.model!r} is a built-in config with no weights; it loads only with "
                  f"load_format='dummy' (random weights)")
-        _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype: unknown dtype {self.dtype!r}")
-        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+        require(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype: unknown dtype {self.dtype!r}")
+        require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
                  f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
-        _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
-        _require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
-        _require(self.cpu_gemm in CPU_GEMMS, f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
-        _require(self.attention_backend in ATTENTION_BACKENDS,
+        require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
+        require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
+        require(self.cpu_gemm in CPU_GEMMS, f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
+        require(self.attention_backend in ATTENTION_BACKENDS,
                  f"attention_backend: expected one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        _require(isinstance(self.enforce_eager, bool), "enforce_eager: must be a bool")
+        require(isinstance(self.enforce_eager, bool), "enforce_eager: must be a bool")
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16  # tokens per KV block; flash-attn 2 paged KV wants a multiple of 256 (else SDPA is used)
+    # Tokens per KV block. On CUDA with flash-attn the default becomes FLASH_BLOCK_SIZE (runner/device_defaults.py).
+    block_size: int = 16
     num_device_blocks: int = 1024  # device KV pool size, in blocks
     num_host_blocks: int = 0  # CPU spill store size, in blocks (0: no spill store, recompute only)
     write_through: bool = True  # mirror full blocks to the host in the background (False: copy all on preempt)
@@ -82,13 +82,13 @@ class CacheConfig:
     kv_layout: str = "auto"
 
     def __post_init__(self) -> None:
-        _require(self.kv_layout in KV_LAYOUTS, f"kv_layout: expected one of {KV_LAYOUTS}, got {self.kv_layout!r}")
-        _require(self.resume_mode in ("auto", "load", "recompute"),
+        require(self.kv_layout in KV_LAYOUTS, f"kv_layout: expected one of {KV_LAYOUTS}, got {self.kv_layout!r}")
+        require(self.resume_mode in ("auto", "load", "recompute"),
                  f"resume_mode: expected auto, load or recompute, got {self.resume_mode!r}")
-        _require(0 < self.write_budget_fraction <= 4, "write_budget_fraction: must be in (0, 4]")
-        _require(self.block_size > 0, "block_size: must be positive")
-        _require(self.num_device_blocks > 0, "num_device_blocks: must be positive")
-        _require(self.num_host_blocks >= 0, "num_host_blocks: must be >= 0")
+        require(0 < self.write_budget_fraction <= 4, "write_budget_fraction: must be in (0, 4]")
+        require(self.block_size > 0, "block_size: must be positive")
+        require(self.num_device_blocks > 0, "num_device_blocks: must be positive")
+        require(self.num_host_blocks >= 0, "num_host_blocks: must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -102,11 +102,11 @@ class SchedulerConfig:
     fcfs_reserve_ratio: float = 0.3  # fcfs admission keeps this share of running streams' remaining tokens free
 
     def __post_init__(self) -> None:
-        _require(self.policy in POLICY_NAMES, f"policy: unknown policy {self.policy!r}; choose one of "
+        require(self.policy in POLICY_NAMES, f"policy: unknown policy {self.policy!r}; choose one of "
                                               f"{', '.join(POLICY_NAMES)}")
-        _require(self.max_num_seqs > 0, "max_num_seqs: must be positive")
-        _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens: must be positive")
-        _require(self.max_num_batched_tokens >= self.max_num_seqs,
+        require(self.max_num_seqs > 0, "max_num_seqs: must be positive")
+        require(self.max_num_batched_tokens > 0, "max_num_batched_tokens: must be positive")
+        require(self.max_num_batched_tokens >= self.max_num_seqs,
                  "max_num_batched_tokens: must be >= max_num_seqs so every running stream can decode each step")
 
 
@@ -123,7 +123,63 @@ class EngineConfig:
     overlap_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
+        require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
                  and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
-        _require(self.record_history >= 0, "record_history: must be >= 0")
-        _require(self.overlap_scheduling in (None, True, False), "overlap_scheduling: must be true, false or null")
+        require(self.record_history >= 0, "record_history: must be >= 0")
+        require(self.overlap_scheduling in (None, True, False), "overlap_scheduling: must be true, false or null")
+
+    def with_options(self, **options: Any) -> EngineConfig:
+        """This config with engine options given by name, each set on the config that declares it: ModelConfig's
+        (model, dtype, device, load_format, ...), CacheConfig's (block_size, num_device_blocks, num_host_blocks,
+        ...), SchedulerConfig's (max_num_seqs, policy, ...) or this one's (default_rate, overlap_scheduling, ...),
+        as vLLM's LLM(...) and `tokenflow serve` take them. `model`, `cache` or `scheduler` given a mapping (or a
+        config) sets that part as a whole; a mapping for a nested config (tokenflow, andes) sets its fields. An
+        unknown name or the same field given twice raises ValueError."""
+        parts: dict[str, Any] = {name: getattr(self, name) for name in _PARTS}
+        own: dict[str, Any] = {}
+        seen: set[tuple[str, str]] = set()
+
+        def claim(part: str, name: str) -> None:
+            require((part, name) not in seen, f"{name}: given twice (by name and in {part or 'the engine'}'s part)")
+            seen.add((part, name))
+
+        for name, value in options.items():
+            part_type = _PARTS.get(name)
+            if part_type is not None and isinstance(value, part_type):
+                parts[name] = value
+                seen.update((name, f.name) for f in fields(part_type))
+            elif part_type is not None and isinstance(value, Mapping):
+                for key in value:
+                    claim(name, key)
+                parts[name] = _with_fields(parts[name], value, name)
+            elif name in _OPTION_PART:
+                part = _OPTION_PART[name]
+                claim(part, name)
+                if part:
+                    parts[part] = _with_fields(parts[part], {name: value}, part)
+                else:
+                    own.update(_with_fields(self, {name: value}, "engine", build=False))
+            else:
+                raise ValueError(f"unknown engine option {name!r}; known: {', '.join(sorted(_OPTION_PART))}")
+        return replace(self, **parts, **own)
+
+
+_PARTS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+# Every engine option by name -> the part that declares it ("" : EngineConfig itself). ModelConfig.model is the
+# option `model` (a string); EngineConfig.model, the part, is set by a mapping or a ModelConfig.
+_OPTION_PART = {f.name: part for part, cls in _PARTS.items() for f in fields(cls)} | {
+    f.name: "" for f in fields(EngineConfig) if f.name not in _PARTS}
+require(len(_OPTION_PART) == sum(len(fields(c)) for c in _PARTS.values()) + len(fields(EngineConfig)) - len(_PARTS),
+        "engine options: a field name is declared by two configs")
+
+
+def _with_fields(obj: Any, changes: Mapping[str, Any], where: str, build: bool = True) -> Any:
+    """`obj` with `changes` (a mapping given for a nested config sets that config's fields); validated on build."""
+    known = {f.name for f in fields(obj)}
+    out = {}
+    for key, value in changes.items():
+        require(key in known, f"{where}: unknown option {key!r}; known: {', '.join(sorted(known))}")
+        current = getattr(obj, key)
+        out[key] = _with_fields(current, value, f"{where}.{key}") if is_dataclass(current) and isinstance(
+            value, Mapping) else value
+    return replace(obj, **out) if build else out

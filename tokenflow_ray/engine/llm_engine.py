@@ -1,6 +1,6 @@
 """LLMEngine: add_request / abort / step, plus blocking helpers. Single-threaded; see async_engine for the loop.
 
-Pure Python: the runner (torch) is passed in or built by `LLMEngine.from_config`, which imports it lazily.
+Pure Python: the runner (torch) is passed in; runner/factory.py's `build_engine` puts the two together.
 
 A step has two halves so several engines can share one virtual clock (the simulator, tokenflow_ray/sim/):
 `begin_step` schedules at the clock's now and returns the plan; `finish_step` applies the runner's result at the
@@ -88,15 +88,6 @@ class LLMEngine:
         self._inflight: tuple[BegunStep, Future] | None = None
         self.last_finished: tuple[StepPlan, StepResult] | None = None  # the plan and result `finish_step` applied last
         self._runner_thread: ThreadPoolExecutor | None = None
-
-    @classmethod
-    def from_config(cls, config: EngineConfig | None = None, clock: Clock | None = None) -> LLMEngine:
-        from tokenflow_ray.runner.model_runner import TorchModelRunner  # torch lives behind this import
-
-        config = config or EngineConfig()
-        runner = TorchModelRunner(config)
-        # The runner may pick device defaults (on CUDA with flash-attn, its block size): schedule with its config.
-        return cls(runner.config, runner, runner.tokenizer, clock)
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,

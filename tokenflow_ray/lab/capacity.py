@@ -5,7 +5,7 @@ regime (serving-paper.md §5: the device pool holds a fraction of the burst at f
 limited by memory, not by `max_num_seqs`: at most `pool_blocks // blocks(mean prompt + mean output)` streams hold
 the device at once. Γ is the decode throughput of exactly that batch, measured with the real engine at the
 bench's own config (model, torch threads, block size, device and host pool, step budget) through its public API:
-`LLMEngine.from_config`, `add_request`, `step`.
+`build_engine`, `add_request`, `step`.
 
 How (`measure_decode_capacity`):
 1. Start `batch` unpaced streams (rate 0: nothing is paced, every step decodes every stream).
@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.runner.factory import build_engine
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class Capacity:
 EngineFactory = Callable[[EngineConfig], LLMEngine]
 
 
-def measure_decode_capacity(cfg: CapacityConfig, engine_factory: EngineFactory = LLMEngine.from_config,
+def measure_decode_capacity(cfg: CapacityConfig, engine_factory: EngineFactory = build_engine,
                             progress: Callable[[str], None] | None = print) -> Capacity:
     """Γ for `cfg` (see the module docstring). `engine_factory` lets tests pass an engine with a fake runner."""
     start = time.perf_counter()

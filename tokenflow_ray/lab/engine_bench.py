@@ -30,6 +30,7 @@ from tokenflow_ray.engine.config import (
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.lab.roofline import model_roofline
+from tokenflow_ray.runner.factory import build_engine
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def bench_engine(cfg: EngineBenchConfig) -> LLMEngine:
     max_batch = max(max(cfg.batches), cfg.mixed_requests, cfg.profile_batch or 0)
     ctx = cfg.prompt_len + max(cfg.new_tokens, cfg.mixed_max_tokens)
     block = 16
-    return LLMEngine.from_config(EngineConfig(
+    return build_engine(EngineConfig(
         model=ModelConfig(model=cfg.model, dtype=cfg.dtype, device="cpu", cpu_gemm=cfg.cpu_gemm,
                           load_format=cfg.load_format),
         cache=CacheConfig(block_size=block, num_device_blocks=max_batch * (-(-ctx // block)) + 8),
@@ -311,7 +312,7 @@ def isa_in_use() -> dict:
     """What the run's kernels were allowed to use, which may be less than the CPU has: ATen's dispatch level
     (ATEN_CPU_CAPABILITY caps it), oneDNN's cap (ONEDNN_MAX_CPU_ISA, read by both engines' oneDNN) and our kernels'
     build target (TOKENFLOW_KERNEL_MARCH)."""
-    from tokenflow_ray.runner.cpu_kernels import kernel_march
+    from tokenflow_ray.layers.cpu_kernels import kernel_march
 
     return {"aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL"), "kernel_march": kernel_march()}

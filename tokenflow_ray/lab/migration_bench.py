@@ -86,13 +86,13 @@ def _export(engine, sid: str):
 
 
 def measure_downtime(cfg: MigrationBenchConfig, progress=print) -> dict:
-    from tokenflow_ray.engine.llm_engine import LLMEngine
+    from tokenflow_ray.runner.factory import build_engine
 
     longest = max(cfg.contexts) + 64
     blocks = -(-longest // cfg.block_size) + 8
     ecfg = dataclasses.replace(cfg.engine_config(), cache=CacheConfig(
         block_size=cfg.block_size, num_device_blocks=max(blocks, cfg.num_device_blocks), num_host_blocks=2 * blocks))
-    a, b = LLMEngine.from_config(ecfg), LLMEngine.from_config(ecfg)
+    a, b = build_engine(ecfg), build_engine(ecfg)
     rng = random.Random(cfg.seed)
     rows = []
     for context in cfg.contexts:

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.metrics import summarize
 from tokenflow_ray.metrics.summary import policy_ratios
+from tokenflow_ray.runner.factory import build_engine
 from tokenflow_ray.workloads.ablations import ABLATIONS
 from tokenflow_ray.workloads.generators import (
     LengthDist,
@@ -98,7 +98,7 @@ def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
     device_blocks, host_blocks = pool_sizes(cfg, requests)
     cache = CacheConfig(block_size=cfg.block_size, num_device_blocks=device_blocks, num_host_blocks=host_blocks)
     cache = replace(cache, **(cache_overrides or {}))
-    engine = LLMEngine.from_config(EngineConfig(
+    engine = build_engine(EngineConfig(
         model=ModelConfig(model=cfg.model, dtype="float32", num_threads=cfg.num_threads), cache=cache,
         scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                   policy=policy, tokenflow=cfg.tokenflow),

@@ -63,7 +63,7 @@ def measure_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.float32, re
 
 def measure_onednn_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
     """The same product through oneDNN's packed linear kernel; 0 where oneDNN is unavailable."""
-    from tokenflow_ray.models.packed_linear import onednn_linear_available
+    from tokenflow_ray.layers.packed_linear import onednn_linear_available
 
     if not onednn_linear_available() or dtype != torch.float32:
         return 0.0

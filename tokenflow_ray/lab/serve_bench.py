@@ -56,14 +56,14 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict:
 def _run_serve_bench(cfg: ServeBenchConfig) -> dict:
     from tokenflow_ray.client import StreamSpec, run_load
     from tokenflow_ray.engine.async_engine import AsyncLLMEngine
-    from tokenflow_ray.engine.llm_engine import LLMEngine
+    from tokenflow_ray.runner.factory import build_engine
     from tokenflow_ray.serve.app import deploy, undeploy
     from tokenflow_ray.serve.local import local_serve
 
     serve_cfg = ServeConfig(app_name="bench", policy=cfg.policy, max_num_seqs=max(64, cfg.streams),
                             num_device_blocks=1024, num_cpus=float(cfg.threads), images=False,
                             **({} if cfg.stream_interval_s is None else {"stream_interval_s": cfg.stream_interval_s}))
-    aengine = AsyncLLMEngine(LLMEngine.from_config(serve_cfg.engine_config()))
+    aengine = AsyncLLMEngine(build_engine(serve_cfg.engine_config()))
     specs = [StreamSpec(p, max_tokens=cfg.max_tokens, rate=0.0) for p in _prompts(cfg.streams)]
     inproc, http = [], []
     with local_serve(num_cpus=max(4, cfg.threads + 2)) as base_url:

@@ -13,7 +13,6 @@ from tokenflow_ray.metrics.stream_metrics import (
     stream_stall_s,
 )
 from tokenflow_ray.metrics.summary import PolicySummary, summarize
-from tokenflow_ray.metrics.validate import check_rate
 
 __all__ = [
     "BufferSample",
@@ -21,7 +20,6 @@ __all__ = [
     "ReaderModel",
     "StreamRecord",
     "buffer_timeline",
-    "check_rate",
     "effective_tokens",
     "effective_weight",
     "stream_qoe",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from tokenflow_ray.metrics.validate import check_count, check_rate, check_time
+from tokenflow_ray.checks import check_count, check_rate, check_time
 
 # Slack (in tokens) when counting reads up to t, so a read due exactly at t is not lost to rounding.
 _READ_EPS = 1e-9

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tokenflow_ray.checks import check_count, check_rate, check_time
 from tokenflow_ray.metrics.reader import ReaderModel
-from tokenflow_ray.metrics.validate import check_count, check_rate, check_time
 
 _INF = math.inf
 

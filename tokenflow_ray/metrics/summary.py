@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tokenflow_ray.checks import check_count, check_positive
 from tokenflow_ray.metrics.stream_metrics import StreamRecord, effective_tokens, stream_qoe, stream_stall_s
-from tokenflow_ray.metrics.validate import check_count, check_positive
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ gate/up projections; the engine benchmark shows the gain. Weights load from the 
 (see `load_weights`), and greedy outputs match HF `generate` token for token (tests/runner/test_parity.py).
 
 Two forwards compute the same thing: the reference, one torch op per step of HF's arithmetic, and the fused one
-(CPU float32 with `runner/csrc/fused_ops.cpp` built): RMSNorm with the residual add, RoPE with the KV write, and
+(CPU float32 with `layers/csrc/fused_ops.cpp` built): RMSNorm with the residual add, RoPE with the KV write, and
 SiLU·mul each one kernel, the residual stream carried in place between layers (as in vLLM).
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenflow_ray.runner.attention import AttentionBackend, AttentionMetadata
+from tokenflow_ray.layers.attention import AttentionBackend, AttentionMetadata
 
 
 class DecoderLayer(nn.Module):
@@ -119,7 +119,7 @@ class LlamaForPagedLM(nn.Module):
 
     def use_fused_cpu_ops(self) -> bool:
         """Switch to the fused forward (CPU float32 only) if its kernels build; returns whether it is on."""
-        from tokenflow_ray.runner.cpu_kernels import load_fused_ops
+        from tokenflow_ray.layers.cpu_kernels import load_fused_ops
 
         if self.embed.weight.device.type != "cpu" or self.embed.weight.dtype != torch.float32:
             return False
@@ -172,7 +172,7 @@ class LlamaForPagedLM(nn.Module):
         """Swap every linear layer (lm_head too) for one with its weight packed once for a CPU GEMM kernel: about 2x
         faster decode GEMMs than the default path on this project's CPUs (see `packed_linear.py`). fp32 on CPU.
         Returns the kernel (None: none could run here, the layers stay as they are)."""
-        from tokenflow_ray.models.packed_linear import pack_linears, resolve_cpu_gemm
+        from tokenflow_ray.layers.packed_linear import pack_linears, resolve_cpu_gemm
 
         kernel = resolve_cpu_gemm(gemm)
         if kernel is None:

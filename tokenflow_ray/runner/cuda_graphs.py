@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from tokenflow_ray.runner.attention import AttentionMetadata
+from tokenflow_ray.layers.attention import AttentionMetadata
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 

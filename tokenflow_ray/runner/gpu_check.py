@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+from tokenflow_ray.layers.attention import AttentionMetadata, PrefillSpan
 from tokenflow_ray.runner.kv_pool import KVPool
 
 

@@ -5,23 +5,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from tokenflow_ray.engine.config import CacheConfig, EngineConfig
+from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.engine.plan import StepPlan, StepResult
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.layers.attention_select import select_backend
+from tokenflow_ray.layers.cpu_kernels import build_cpu_kernels
 from tokenflow_ray.models.loader import build_model, load_tokenizer, resolve_model
-from tokenflow_ray.runner.attention import flash_attn_available, select_backend
-from tokenflow_ray.runner.cpu_kernels import build_cpu_kernels
 from tokenflow_ray.runner.kv_pool import KVPool
 from tokenflow_ray.runner.kv_transfer import KVTransfer
 from tokenflow_ray.runner.malloc_tuning import tune_malloc_for_inference
 from tokenflow_ray.runner.sampler import sample, sample_on_device
+from tokenflow_ray.runner.step_inputs import StepInputs
 from tokenflow_ray.runner.step_staging import StagingBuffer
-from tokenflow_ray.runner.step_state import PersistentBatch, StepInputs
+from tokenflow_ray.runner.step_state import PersistentBatch
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +44,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-FLASH_BLOCK_SIZE = 256  # flash-attn 2's paged KV kernel wants block sizes in multiples of this
-DEFAULT_BLOCK_SIZE = CacheConfig().block_size
-
-
-def gpu_cache_defaults(config: EngineConfig, cuda: bool, flash: bool) -> EngineConfig:
-    """On CUDA with flash-attn importable and the attention backend on auto, the default block size becomes one
-    flash-attn's paged kernel takes, with the pool's token capacity kept: flash-attn (and the decode CUDA graphs it
-    allows) is then what a default config runs. A block size set by hand is left alone (SDPA then, as before)."""
-    cc = config.cache
-    if not (cuda and flash and config.model.attention_backend == "auto" and cc.block_size == DEFAULT_BLOCK_SIZE):
-        return config
-    blocks = max(1, cc.num_device_blocks * cc.block_size // FLASH_BLOCK_SIZE)
-    host = -(-cc.num_host_blocks * cc.block_size // FLASH_BLOCK_SIZE)
-    log.info("CUDA + flash-attn: block_size %d -> %d (%d device blocks)", cc.block_size, FLASH_BLOCK_SIZE, blocks)
-    return replace(config, cache=replace(cc, block_size=FLASH_BLOCK_SIZE, num_device_blocks=blocks,
-                                         num_host_blocks=host))
-
-
 @dataclass(frozen=True)
 class RunnerOptions:
     """What is decided by the device, overridable for CPU tests of the CUDA path. None: by the device."""
@@ -71,14 +54,10 @@ class RunnerOptions:
 
 
 class TorchModelRunner:
-    def __init__(self, config: EngineConfig, attention_backend: str | None = None,
-                 options: RunnerOptions = RunnerOptions()) -> None:
+    def __init__(self, config: EngineConfig, options: RunnerOptions = RunnerOptions()) -> None:
+        """`config` as the engine runs it: its device defaults already resolved (runner/factory.py)."""
         device = resolve_device(config.model.device)
-        if attention_backend is None:
-            config = gpu_cache_defaults(config, device.type == "cuda", flash_attn_available())
-        if config.overlap_scheduling is None:  # by the device: see EngineConfig
-            config = replace(config, overlap_scheduling=device.type == "cuda")
-        self.config = config  # the engine runs on this one (device defaults resolved: block size, overlap)
+        self.config = config
         mc, cc = config.model, config.cache
         if mc.num_threads is not None:
             torch.set_num_threads(mc.num_threads)
@@ -93,7 +72,7 @@ class TorchModelRunner:
         self.tokenizer = load_tokenizer(source.tokenizer_dir)
         self.model = build_model(source, self.device, self.dtype, mc.load_format, mc.seed)
         if self.device.type == "cpu" and self.dtype == torch.float32 and mc.fused_cpu_ops and \
-                (attention_backend or mc.attention_backend) in ("auto", "cpu_paged"):
+                mc.attention_backend in ("auto", "cpu_paged"):
             build_cpu_kernels()  # two at a time, before the first of them is asked for
         self.gemm = None  # the CPU GEMM kernel the linear layers run, when they were packed for one
         if mc.cpu_prepack and self.device.type == "cpu" and self.dtype == torch.float32:
@@ -101,7 +80,7 @@ class TorchModelRunner:
         max_len = min(mc.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings)
         self.model.build_rope_tables(max_len, self.device)
         L, kvh, hd = hf_config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim
-        backend_name = attention_backend or mc.attention_backend
+        backend_name = mc.attention_backend
         # One block past the engine's pool is scratch: no stream owns it, so padding rows (CUDA graphs, warm-up)
         # may write their KV there.
         self.kv = KVPool(L, cc.num_device_blocks + 1, cc.block_size, kvh, hd, self.dtype, self.device,

@@ -11,39 +11,15 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from dataclasses import dataclass
 
 import torch
 
 from tokenflow_ray.engine.plan import PENDING_TOKEN, StepPlan
-from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+from tokenflow_ray.layers.attention import AttentionMetadata, PrefillSpan
+from tokenflow_ray.runner.step_inputs import StepInputs, host_tensor
 from tokenflow_ray.runner.step_staging import StagingBuffer
 
 _ARRAY_CODES = {torch.long: "q", torch.int32: "i"}  # the table dtypes' array typecodes (8 and 4 bytes)
-
-
-def _tensor(values: array, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 1-D tensor of an array's values on `device`. On the CPU it shares the array's memory (and keeps the array
-    alive): a few µs, where torch.tensor over a list of 128 ints takes about 25 µs, once or twice every step.
-    Elsewhere through pinned memory, without blocking the host (the caching host allocator keeps the pinned block
-    until the copy has landed); the Triton path stages a whole step in one copy instead (step_staging.py)."""
-    t = torch.frombuffer(values, dtype=dtype)
-    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
-
-
-@dataclass
-class StepInputs:
-    """Everything one forward needs, on the runner's device."""
-
-    input_ids: torch.Tensor  # [T] long (T: the step's tokens, or its graph bucket when padded)
-    positions: torch.Tensor  # [T] long
-    meta: AttentionMetadata
-    sample_rows: list[int]  # rows of the flat batch whose next token is sampled
-    sample_ids: list[str]  # their streams
-    # The varlen (Triton) form: the sampled rows on the device (None: rows 0..len(sample_ids)-1, no gather), and
-    # their streams' table rows, where the sampled tokens are kept on the device for PENDING inputs (staged only).
-    sample_index: torch.Tensor | None = None
-    sample_table_rows: torch.Tensor | None = None
 
 
 class PersistentBatch:
@@ -125,8 +101,8 @@ class PersistentBatch:
         elif rows:  # one scatter for the whole step's new blocks
             idx = array("q", rows)
             idx.extend(cols)
-            idx_t = _tensor(idx, torch.long, self.device).view(2, -1)
-            self.tables[idx_t[0], idx_t[1]] = _tensor(array(_ARRAY_CODES[self.table_dtype], vals), self.table_dtype,
+            idx_t = host_tensor(idx, torch.long, self.device).view(2, -1)
+            self.tables[idx_t[0], idx_t[1]] = host_tensor(array(_ARRAY_CODES[self.table_dtype], vals), self.table_dtype,
                                                       self.device)
 
     def _drop(self, sid: str) -> None:
@@ -148,7 +124,7 @@ class PersistentBatch:
 
     def table(self, sid: str) -> list[int]:
         if self.pending_diff[0]:  # staged diffs not yet sent with a step (tests read tables between steps)
-            self.apply_pending_diff(_tensor(array("q", [v for part in self.pending_diff for v in part]),
+            self.apply_pending_diff(host_tensor(array("q", [v for part in self.pending_diff for v in part]),
                                             torch.long, self.device), len(self.pending_diff[0]))
         row = self.row_of[sid]
         return self.tables[row, :len(self.host_tables[row])].tolist()
@@ -207,7 +183,7 @@ class PersistentBatch:
             flat.extend(pos)
             flat.extend(dslots)
             flat.extend(tokens)
-            packed = _tensor(flat, torch.long, dev).view(4, D).unbind(0)  # rows, positions, slots, tokens
+            packed = host_tensor(flat, torch.long, dev).view(4, D).unbind(0)  # rows, positions, slots, tokens
             pos_t = packed[1]
             slots.append(packed[2])
             pos_parts.append(pos_t)

@@ -22,15 +22,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenflow_ray.engine.plan import PENDING_TOKEN, StepPlan
-from tokenflow_ray.runner.attention import AttentionMetadata
+from tokenflow_ray.layers.attention import AttentionMetadata
+from tokenflow_ray.runner.step_inputs import StepInputs, host_tensor
 
 if TYPE_CHECKING:
-    from tokenflow_ray.runner.step_state import PersistentBatch, StepInputs
+    from tokenflow_ray.runner.step_state import PersistentBatch
 
 
 def varlen_inputs(batch: PersistentBatch, plan: StepPlan, scale: float, pad_to: int | None = None) -> StepInputs:
-    from tokenflow_ray.runner.step_state import StepInputs, _tensor
-
     bs = batch.block_size
     staged = batch.staging is not None
     row_of, host_tables, last = batch.row_of, batch.host_tables, batch.last_sampled
@@ -118,7 +117,7 @@ def varlen_inputs(batch: PersistentBatch, plan: StepPlan, scale: float, pad_to: 
     at_pend = len(flat)
     flat.extend(pend_at)
     flat.extend(pend_row)
-    buf = batch.staging.stage(flat) if staged else _tensor(flat, torch.long, batch.device)
+    buf = batch.staging.stage(flat) if staged else host_tensor(flat, torch.long, batch.device)
 
     if m:
         batch.apply_pending_diff(buf[at_diff:at_pend], m)

@@ -81,7 +81,7 @@ def _pin(local_rank: int, threads: int) -> None:
 class LLMServer(ReplicaMigration, ReplicaStopping):
     async def __init__(self, engine_config: EngineConfig, settings: ReplicaSettings, http=None, *extra) -> None:
         """`http` (IngressSettings) and `extra` (handles of deployments the routes call) in the direct placement."""
-        from tokenflow_ray.engine.llm_engine import LLMEngine  # torch loads here, not in the ingress
+        from tokenflow_ray.runner.factory import build_engine  # torch loads here, not in the ingress
 
         self.settings = settings
         self.http = http
@@ -93,7 +93,7 @@ class LLMServer(ReplicaMigration, ReplicaStopping):
             torch.set_num_threads(settings.torch_threads)
         engine_config = engine_config_for_rank(engine_config, settings.device_blocks_by_rank,
                                                serve.get_replica_context().rank.rank)
-        self.engine = await asyncio.to_thread(LLMEngine.from_config, engine_config)
+        self.engine = await asyncio.to_thread(build_engine, engine_config)
         self.aengine = AsyncLLMEngine(self.engine)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.node_id = ray.get_runtime_context().get_node_id()  # in the global view: where each replica runs

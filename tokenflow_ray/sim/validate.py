@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.policies import TokenFlowConfig
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
@@ -107,7 +106,9 @@ class RealRun:
 
 def run_real(config: EngineConfig, requests: Sequence[RequestSpec]) -> RealRun:
     """The real engine (wall clock), requests added at their arrival times, every step timed whole."""
-    engine = LLMEngine.from_config(config)
+    from tokenflow_ray.runner.factory import build_engine  # the real engine: torch loads here
+
+    engine = build_engine(config)
     try:
         engine.generate([[1] * 8], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, not recorded
         engine.finished_records.clear()

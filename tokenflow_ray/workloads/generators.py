@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from tokenflow_ray.metrics.validate import check_count, check_positive, check_rate
+from tokenflow_ray.checks import check_count, check_positive, check_rate
 
 WORKLOAD_NAMES = ("burst", "poisson", "gamma", "mixed", "sweep")
 TABLE1_INPUT = MappingProxyType({"S": 512, "L": 1024})  # mean prompt tokens (RTX 4090 column)

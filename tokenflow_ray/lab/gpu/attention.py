@@ -12,7 +12,7 @@ import torch
 
 from tokenflow_ray.lab.gpu.context import PartContext
 from tokenflow_ray.lab.gpu.paged_cases import case_specs, cast, make_case, metadata, reference
-from tokenflow_ray.runner.attention import select_backend
+from tokenflow_ray.layers.attention_select import select_backend
 
 BACKENDS = ("sdpa", "cpu_paged", "flash", "triton")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

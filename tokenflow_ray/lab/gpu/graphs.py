@@ -14,9 +14,9 @@ import dataclasses
 import gc
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.lab.gpu.context import PartContext
 from tokenflow_ray.lab.gpu.steps import decode_step_ms, model_config, run_batch
+from tokenflow_ray.runner.factory import build_engine
 
 
 def _sizes(ctx: PartContext) -> tuple[tuple[int, ...], int, int]:
@@ -42,7 +42,7 @@ def run(ctx: PartContext) -> None:
     tokens: dict[bool, dict[int, list[list[int]]]] = {}
     for eager in (True, False):
         label = "eager" if eager else "graphs"
-        engine = LLMEngine.from_config(engine_config(ctx, eager))
+        engine = build_engine(engine_config(ctx, eager))
         info = {"graphs_active": getattr(engine.runner, "graphs", None) is not None,
                 "backend": engine.runner.backend.name, "batches": {}}
         tokens[eager] = {}

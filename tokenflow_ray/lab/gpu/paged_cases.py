@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenflow_ray.runner.attention import AttentionMetadata, PrefillSpan
+from tokenflow_ray.layers.attention import AttentionMetadata, PrefillSpan
 
 
 @dataclass(frozen=True)

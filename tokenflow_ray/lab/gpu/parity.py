@@ -12,10 +12,10 @@ import time
 import torch
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.lab.gpu.context import PartContext
 from tokenflow_ray.lab.gpu.steps import embedded_config
+from tokenflow_ray.runner.factory import build_engine
 
 PAD_TOKEN = 258  # the embedded tokenizer's pad
 
@@ -76,7 +76,7 @@ def run(ctx: PartContext) -> None:
     for key, dtype, backend in runs:
         if key == "float32_sdpa" and default_backend == "sdpa":
             continue  # the default already was SDPA
-        engine = LLMEngine.from_config(engine_config(ctx, dtype, backend))
+        engine = build_engine(engine_config(ctx, dtype, backend))
         t = time.perf_counter()
         out = engine.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         s = time.perf_counter() - t

@@ -24,6 +24,7 @@ from tokenflow_ray.lab.gpu.context import COMMIT_ENV, PartContext, write_json_at
 from tokenflow_ray.lab.gpu.slow_steps import slow_step_share
 from tokenflow_ray.lab.gpu.steps import Drive, drive, model_config, prompt_ids
 from tokenflow_ray.metrics import summarize
+from tokenflow_ray.runner.factory import build_engine
 from tokenflow_ray.sim.setups import paper_setup, setup_requests
 from tokenflow_ray.workloads.generators import RequestSpec
 
@@ -90,7 +91,7 @@ def run(ctx: PartContext) -> None:
     ctx.device()  # a clear error without CUDA, before the load
     requests = scaled_requests(setup["scale"], setup["count"])
     t = time.perf_counter()
-    engine = LLMEngine.from_config(engine_config(ctx, len(requests)))
+    engine = build_engine(engine_config(ctx, len(requests)))
     ctx.save("load_s", time.perf_counter() - t)
     engine.generate([[1] * 8], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, not recorded
     engine.finished_records.clear()

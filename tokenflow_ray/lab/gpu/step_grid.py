@@ -24,6 +24,7 @@ from tokenflow_ray.lab.gpu.steps import (
     prefill_tok_s,
     run_batch,
 )
+from tokenflow_ray.runner.factory import build_engine
 
 GRID = ((1, 512), (16, 512), (64, 512), (128, 512), (256, 256), (256, 1024), (32, 2048))
 QUICK_GRID = ((1, 512), (64, 512), (256, 256))
@@ -85,7 +86,7 @@ def run(ctx: PartContext) -> None:
     device = ctx.device()
     setup = _setup(ctx)
     t = time.perf_counter()
-    engine = LLMEngine.from_config(engine_config(ctx))
+    engine = build_engine(engine_config(ctx))
     out = {"device": device.type, "load_s": time.perf_counter() - t, "backend": engine.runner.backend.name,
            "gpu": device_name(device), "mem_alloc_gb": _mem_gb(device), "runs": {}}
     headline = []

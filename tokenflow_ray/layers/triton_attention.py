@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from tokenflow_ray.runner.attention import AttentionMetadata
+from tokenflow_ray.layers.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def load_kernels(device: torch.device):
                          "(set TRITON_INTERPRET=1); use sdpa or cpu_paged on CPU")
     if not triton_available():
         raise ValueError("attention_backend: triton is not installed (it ships with CUDA builds of torch)")
-    from tokenflow_ray.runner.triton_kernels import build
+    from tokenflow_ray.layers.triton_kernels import build
 
     return build(interpret=device.type == "cpu")
 

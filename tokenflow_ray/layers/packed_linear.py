@@ -1,7 +1,7 @@
 """PackedLinear: a linear layer whose weight is reordered once for the CPU GEMM that runs it (fp32).
 
 Two kernels, each taking and returning ordinary dense tensors (no per-call conversion of activations):
-- "tokenflow": the compiled panel GEMM (runner/csrc/packed_gemm.cpp). On this project's AVX-512 box it beat oneDNN
+- "tokenflow": the compiled panel GEMM (layers/csrc/packed_gemm.cpp). On this project's AVX-512 box it beat oneDNN
   at every batch size measured (1 to 2048 rows), above all at decode sizes, where oneDNN's fixed cost a call and its
   waits on weights from DRAM dominate. The default where the CPU has AVX-512 (a 16-lane build).
 - "onednn": `torch.ops.mkldnn._linear_pointwise` on a weight from `_reorder_linear_weight`: oneDNN's AVX-512/AVX2
@@ -25,7 +25,7 @@ def onednn_linear_available() -> bool:
 
 def _packed_gemm():
     """The compiled panel GEMM (built once per machine, loaded once per process), or None."""
-    from tokenflow_ray.runner.cpu_kernels import load_packed_gemm
+    from tokenflow_ray.layers.cpu_kernels import load_packed_gemm
 
     return load_packed_gemm()
 

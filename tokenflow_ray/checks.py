@@ -1,8 +1,14 @@
-"""Input checks shared by the reader model, stream records and workloads (pure Python)."""
+"""Input checks shared by every config and by the reader model, stream records and workloads (pure Python)."""
 
 from __future__ import annotations
 
 import math
+
+
+def require(ok: bool, message: str) -> None:
+    """A config's validation step (in `__post_init__`): the message, as a ValueError, when `ok` is false."""
+    if not ok:
+        raise ValueError(message)
 
 
 def check_rate(value: object, field: str = "rate") -> float:

@@ -1,4 +1,4 @@
-"""`tokenflow generate`: one prompt through the engine, printed whole or streamed.
+"""`tokenflow generate`: one prompt through the engine (the public `LLM`), printed whole or streamed.
 
 It samples by default (temperature 0.6, top-p 0.9), as chat front ends do: greedy decoding of a small model (the
 embedded one has 9.7M parameters) repeats itself within a line ("the contain the contain ..."). `--temperature 0`
@@ -15,21 +15,19 @@ DEFAULT_TOP_P = 0.9
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tokenflow_ray.engine.config import EngineConfig, ModelConfig
-    from tokenflow_ray.engine.llm_engine import LLMEngine
     from tokenflow_ray.engine.sampling import SamplingParams
+    from tokenflow_ray.entrypoints.llm import LLM
 
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
-    engine = LLMEngine.from_config(EngineConfig(model=ModelConfig(model=args.model, dtype=args.dtype,
-                                                                  device=args.device, load_format=args.load_format)))
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     if args.stream:
-        for out in engine.stream(args.prompt, sampling):
+        for out in llm.stream(args.prompt, sampling):
             sys.stdout.write(out.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
     else:
-        print(engine.generate([args.prompt], sampling)[0].text)
+        print(llm.generate(args.prompt, sampling)[0].text)
     return 0
 
 
