@@ -174,3 +174,12 @@ class StopMatcher:
     def flush(self) -> str:
         out, self.pending = self.pending, ""
         return out
+
+
+@dataclass
+class TextState:
+    """A stream's text as the engine makes it: its incremental decoder, its stop-string matcher, the text so far."""
+
+    decoder: StreamDecoder
+    stops: StopMatcher
+    text: list[str] = field(default_factory=list)
