@@ -26,7 +26,7 @@ def ray_instance():
     """Start Ray once (4 logical CPUs: Train workers, Data actors and Serve replicas share 2 cores here)."""
     import ray
 
-    from tokenflow_ray.serve.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+    from tokenflow_ray.serve.http.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
     started = not ray.is_initialized()
     if started:

@@ -94,7 +94,7 @@ def test_a_drain_spreads_every_stream_by_declared_rate_deterministically():
 
 
 def test_serve_instance_details_name_the_stopping_replicas():
-    from tokenflow_ray.serve.serve_replicas import replicas_in_state
+    from tokenflow_ray.serve.control.serve_replicas import replicas_in_state
 
     details = {"applications": {"app": {"deployments": {
         "LLMServer": {"replicas": [{"replica_id": "r1", "state": "RUNNING"}, {"replica_id": "r2", "state": "STOPPING"}]},

@@ -6,8 +6,8 @@ import random
 
 from tokenflow_ray.cluster.change_log import ChangeLog
 from tokenflow_ray.cluster.http_requests import classify, owner_of
+from tokenflow_ray.cluster.messages import Report
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings, merge_reports
-from tokenflow_ray.serve.messages import Report
 
 
 def test_merge_keeps_the_newest_value_of_each_field():

@@ -82,7 +82,7 @@ def test_warm_rounds_run_first_in_turn_and_stay_out_of_the_medians(monkeypatch):
 
     import tokenflow_ray.lab.routing_bench as rb
     import tokenflow_ray.serve.app as app
-    import tokenflow_ray.serve.central as central
+    import tokenflow_ray.serve.control.central as central
     import tokenflow_ray.serve.local as local
 
     calls = []

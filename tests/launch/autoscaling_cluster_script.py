@@ -242,8 +242,8 @@ def main() -> dict:
         from ray import serve
 
         from tokenflow_ray.serve.app import deploy
-        from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
         from tokenflow_ray.serve.config import ServeConfig
+        from tokenflow_ray.serve.control.central import CentralSettings, central_name, get_central
 
         deadline = time.monotonic() + 90
         while True:

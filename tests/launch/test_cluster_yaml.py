@@ -56,7 +56,7 @@ def test_every_node_installs_this_package(raw):
 
 def test_every_nodes_proxy_answers_for_a_lost_replica(raw):
     """Ray starts each node's Serve proxy with the environment of its `ray start`: the callback must be there."""
-    from tokenflow_ray.serve.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV, proxy_middlewares
+    from tokenflow_ray.serve.http.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV, proxy_middlewares
 
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         (start,) = [c for c in raw[key] if "ray start" in c]

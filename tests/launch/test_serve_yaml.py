@@ -11,7 +11,7 @@ from ray.serve._private.build_app import build_app
 from ray.serve.schema import ServeDeploySchema
 
 from tokenflow_ray.serve.app import app_builder
-from tokenflow_ray.serve.autoscaling_policy import POLICY_PATH
+from tokenflow_ray.serve.control.autoscaling_policy import POLICY_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,7 +29,7 @@ def central_actor(config):
     """The app's central scheduling actor (created with the app: deploy first)."""
     import ray
 
-    from tokenflow_ray.serve.central import central_name
+    from tokenflow_ray.serve.control.central import central_name
 
     return ray.get_actor(central_name(config.app_name), namespace=config.central_namespace)
 

@@ -37,8 +37,8 @@ def main() -> None:
 
     from tokenflow_ray.cluster.http_requests import owner_of
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
     from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.control.central import CentralSettings, central_name, get_central
     from tokenflow_ray.serve.local import free_port
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,

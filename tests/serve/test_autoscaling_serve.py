@@ -152,7 +152,7 @@ async def _scenario(base_url: str, timeline: Timeline) -> dict:
 def test_load_scales_up_idleness_scales_down_and_no_stream_is_cut(serve_url):
     from tokenflow_ray.cluster.http_requests import owner_of
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
+    from tokenflow_ray.serve.control.central import CentralSettings, central_name, get_central
 
     config = _config()
     timeline = None

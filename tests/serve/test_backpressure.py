@@ -68,7 +68,7 @@ def test_replica_engine_holds_more_live_streams_than_its_batch(admit_app):
 
     llm = serve.get_deployment_handle("LLMServer", APP)
     # Arrivals 50 ms apart: Serve counts a request as queued while its router picks a replica, so simultaneous
-    # arrivals can be refused by a queue bound of 2 even with free slots (tokenflow_ray/serve/admission.py).
+    # arrivals can be refused by a queue bound of 2 even with free slots (tokenflow_ray/serve/replica/admission.py).
     specs = [StreamSpec(f"paced {i}", max_tokens=300, rate=20.0, start_s=0.05 * i) for i in range(6)]
 
     async def run():

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tokenflow_ray.serve.config import ServeConfig
-from tokenflow_ray.serve.protocol import APIError, CompletionRequest, ConsumptionReport, parse_body
+from tokenflow_ray.serve.http.protocol import APIError, CompletionRequest, ConsumptionReport, parse_body
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)

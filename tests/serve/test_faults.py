@@ -2,7 +2,7 @@
 
 Its streams get an OpenAI-shaped `replica_unavailable` error, never Ray's internals: an error event then `[DONE]`
 after the first token, an HTTP 503 with Retry-After before it, in both placements (the ingress answers for the
-dead replica; in the direct one, Serve's proxy does, through serve/proxy_guard.py). The other replica's streams
+dead replica; in the direct one, Serve's proxy does, through serve/http/proxy_guard.py). The other replica's streams
 finish; the next request is served at once by the survivor, or with one replica after a bounded wait for the
 restarted one; Serve brings the replica back and the central actor forgets the dead streams. The measured waits
 are printed (`pytest -s`).

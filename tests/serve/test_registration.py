@@ -21,8 +21,13 @@ def slow_app(serve_url):
     import ray
 
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.central import ACTOR_OPTIONS, CentralScheduler, CentralSettings, central_name
     from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.control.central import (
+        ACTOR_OPTIONS,
+        CentralScheduler,
+        CentralSettings,
+        central_name,
+    )
 
     # The ingress placement: its reports go through the central actor (in the direct one a report reaches the
     # stream's own replica, which needs no registration to apply it).

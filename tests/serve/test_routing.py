@@ -165,9 +165,9 @@ def test_handles_run_the_slack_router_on_the_polled_stats(route_app):
     replicas carry the ReplicaStats the controller polled, and whose bookings all end with their streams."""
     from ray import serve
 
+    from tokenflow_ray.cluster.messages import GenerateRequest
     from tokenflow_ray.engine.sampling import SamplingParams
-    from tokenflow_ray.serve.messages import GenerateRequest
-    from tokenflow_ray.serve.slack_router import SlackRequestRouter
+    from tokenflow_ray.serve.control.slack_router import SlackRequestRouter
 
     _, config = route_app
     llm = serve.get_deployment_handle("LLMServer", APP).options(stream=True)

@@ -1,4 +1,4 @@
-"""Stopping the app (serve/stopping.py, lifecycle.py), piece by piece without Ray: the central actor's stop orders,
+"""Stopping the app (serve/replica/stopping.py, lifecycle.py), piece by piece without Ray: the central actor's stop orders,
 a replica's refusal and stream ends, what the client is told, the signal handler, and the one-line start error.
 The whole path, with a real SIGTERM, is tests/serve/test_serve_cli.py."""
 
@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import RayTaskError
 
-from tests.serve.test_errors import FakeGen, delta, events, fake_ingress, generate
-from tokenflow_ray.serve.central import CentralScheduler, CentralSettings
-from tokenflow_ray.serve.errors import ServerStopping, stream_failure
+from tests.serve.http.test_errors import FakeGen, delta, events, fake_ingress, generate
+from tokenflow_ray.cluster.messages import StopOrder
+from tokenflow_ray.serve.control.central import CentralScheduler, CentralSettings
+from tokenflow_ray.serve.http.errors import ServerStopping, stream_failure
+from tokenflow_ray.serve.http.protocol import APIError
 from tokenflow_ray.serve.lifecycle import StopSignal, replica_failure
-from tokenflow_ray.serve.messages import StopOrder
-from tokenflow_ray.serve.protocol import APIError
-from tokenflow_ray.serve.stopping import ReplicaStopping
+from tokenflow_ray.serve.replica.stopping import ReplicaStopping
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,8 +1,8 @@
 """How many LLMServer replicas the serving signals call for: the pure decision behind the Serve autoscaling policy.
 
-Each replica reports a `ReplicaLoad` (built from its ReplicaStats, serve/replica.py `record_autoscaling_stats`);
+Each replica reports a `ReplicaLoad` (built from its ReplicaStats, serve/replica/server.py `record_autoscaling_stats`);
 Serve time-averages it over its look-back window and hands the policy one value per replica and metric
-(serve/autoscaling_policy.py turns that into the mapping `decide` takes). Three signals:
+(serve/control/autoscaling_policy.py turns that into the mapping `decide` takes). Three signals:
 
 - **Σ declared rate against Σ Γ** (Eq. 6 across replicas): readers' demand over the decode capacity the cost model
   predicts, kept at `target_utilization`; live streams against the engine batch likewise, for unpaced streams,

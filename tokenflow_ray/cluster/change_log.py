@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tokenflow_ray.cluster.messages import Report
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, merge_reports
-from tokenflow_ray.serve.messages import Report
 
 
 @dataclass

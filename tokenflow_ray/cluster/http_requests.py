@@ -8,7 +8,7 @@ later through the proxy), so:
 - a consumption report's stream id is in its path, and the id ends with its owning replica's id
   (LLMServer._new_stream_id), so the report is sent to the replica that applies it.
 
-Pure Python (no ray): serve/slack_router.py unpickles the scope and asks here.
+Pure Python (no ray): serve/control/slack_router.py unpickles the scope and asks here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ choice (it knows their buffers): the least buffered first, the ones that would s
 Drain (`plan_drain`): a replica Serve is stopping (scale-down) moves every stream it holds to the others, so it
 can stop without waiting for its streams to end.
 
-Pure Python (no ray, no torch): the central actor (serve/central.py) and the simulator call the same functions.
+Pure Python (no ray, no torch): the central actor (serve/control/central.py) and the simulator call the same functions.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def plan_drain(streams: Mapping[str, float], summary: Mapping[str, Mapping[str, 
 
 @dataclass(frozen=True)
 class MigrationSettings:
-    """When the central actor moves paused streams off a replica (serve/central.py), and how far."""
+    """When the central actor moves paused streams off a replica (serve/control/central.py), and how far."""
 
     interval_s: float = 1.0  # how often the actor looks at the replicas' stats
     overload_ratio: float = 1.0  # hot: Σ declared rate above this × its decode capacity Γ, with streams paused

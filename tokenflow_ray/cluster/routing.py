@@ -62,7 +62,7 @@ Replicas without stats yet (just started) make the score incomparable, so while 
 ranked by stream count (live + booked), then least recently chosen, then id: an even spread, the in-flight
 bookings keep a burst from herding.
 
-Pure Python (no ray): `SlackRequestRouter` (serve/slack_router.py) is the thin Serve adapter.
+Pure Python (no ray): `SlackRequestRouter` (serve/control/slack_router.py) is the thin Serve adapter.
 """
 
 from __future__ import annotations

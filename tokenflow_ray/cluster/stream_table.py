@@ -12,7 +12,7 @@ It prices nothing itself: what a report changes (a reader's rate, pause, consume
 replica's scheduler, which reranks the stream on its next step. The table's summary (per replica: live streams,
 Σ declared rate, streams short of buffer) is what the router and the autoscaler read across replicas.
 
-Pure Python (no ray): serve/central.py is the actor around it, the simulator drives it directly.
+Pure Python (no ray): serve/control/central.py is the actor around it, the simulator drives it directly.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tokenflow_ray.serve.messages import Report
+from tokenflow_ray.cluster.messages import Report
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ The regime where buffer-aware scheduling matters: the KV pool holds only a fract
 (memory contention), while the sum of declared reading rates stays within the engine's decode capacity, so a
 stream with a full buffer can give its memory to a newcomer without its reader noticing.
 
-The server runs at the default ServeConfig admission (admission.py): only the memory (device pool, host store) and
+The server runs at the default ServeConfig admission (serve/replica/admission.py): only the memory (device pool, host store) and
 the workload's stream length are set here. A burst larger than the replica's working set plus Serve's bounded
 queue gets 429s, which the table counts as rejected; the other columns are over admitted streams.
 """

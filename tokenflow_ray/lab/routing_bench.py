@@ -231,7 +231,7 @@ def _median_summary(runs: list[RoutingRun]) -> dict:
 
 def run_routing_bench(cfg: RoutingBenchConfig) -> tuple[dict, dict[str, list[RoutingRun]]]:
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.central import CentralSettings, central_name, get_central
+    from tokenflow_ray.serve.control.central import CentralSettings, central_name, get_central
     from tokenflow_ray.serve.local import local_serve
 
     started = time.monotonic()

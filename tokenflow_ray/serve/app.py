@@ -18,14 +18,14 @@ from ray.serve.config import RequestRouterConfig
 
 from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.cluster.routing import SlackRouterConfig
-from tokenflow_ray.serve.admission import CONTROL_SLOTS, direct_proxy_queue, direct_stream_limit
-from tokenflow_ray.serve.central import CentralSettings
 from tokenflow_ray.serve.config import ServeConfig
-from tokenflow_ray.serve.ingress import IngressSettings, make_http_class, make_ingress
-from tokenflow_ray.serve.replica import LLMServer, ReplicaSettings
+from tokenflow_ray.serve.control.central import CentralSettings
+from tokenflow_ray.serve.http.ingress import IngressSettings, make_http_class, make_ingress
+from tokenflow_ray.serve.replica.admission import CONTROL_SLOTS, direct_proxy_queue, direct_stream_limit
+from tokenflow_ray.serve.replica.server import LLMServer, ReplicaSettings
 
 IMAGE_DEPLOYMENT = "ImageTokenizerDeployment"
-SLACK_ROUTER_PATH = "tokenflow_ray.serve.slack_router.SlackRequestRouter"
+SLACK_ROUTER_PATH = "tokenflow_ray.serve.control.slack_router.SlackRequestRouter"
 DRAINED_EXIT_POLL_S = 0.5  # how often a replica Serve is stopping checks whether its streams are gone
 
 
@@ -40,7 +40,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     extra: list[Any] = []
     routers = list(routers)
     if config.images:
-        from tokenflow_ray.serve.images import ImageTokenizerDeployment, image_routes
+        from tokenflow_ray.serve.http.images import ImageTokenizerDeployment, image_routes
 
         app_name = config.app_name
         routers.append(image_routes(lambda: serve.get_deployment_handle(IMAGE_DEPLOYMENT, app_name),
@@ -57,13 +57,13 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
                               **({} if config.autoscaling is None
                                  else {"critical_buffer_s": config.autoscaling.critical_buffer_s}))
     if direct:
-        # The replica holds its share of the queue in its engine and answers 429 itself past it (admission.py);
+        # The replica holds its share of the queue in its engine and answers 429 itself past it (replica/admission.py);
         # Serve's slots above that are for reports and the other small routes.
         ongoing = (replica.stream_limit or adm.max_ongoing_requests) + CONTROL_SLOTS
         most = config.replicas if config.autoscaling is None else config.autoscaling.max_replicas
         queued = direct_proxy_queue(replica.stream_limit, most)
     else:
-        # A replica takes every stream its working set can hold, not just a batch (admission.py; Serve's default
+        # A replica takes every stream its working set can hold, not just a batch (replica/admission.py; Serve's default
         # of 5 would cap even the batch, ray-notes §6.1): streams beyond the batch wait in the engine, where the
         # policy ranks them. Past the bounded queue the handle raises BackPressureError; the ingress answers 429.
         ongoing, queued = adm.max_ongoing_requests, adm.max_queued_requests
@@ -77,7 +77,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         # The controller learns of a dead replica only from its next health check (on a dead actor it fails at
         # once), so the period bounds how long the replica goes unreplaced. With one replica the next request waits
         # that plus the restart: 12.6-13.7 s at 10 s (17.7 s by hand), 4.8-7.3 s at 2 s (tests/serve/test_faults.py);
-        # other live replicas serve it at once either way. A check is one no-op engine-thread call (replica.py).
+        # other live replicas serve it at once either way. A check is one no-op engine-thread call (replica/server.py).
         health_check_period_s=2,
         health_check_timeout_s=60,
         request_router_config=request_router_config(config),
@@ -92,7 +92,7 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
 
 
 def replica_count_options(config: ServeConfig) -> dict[str, Any]:
-    """A fixed `replicas`, or autoscaling on serving signals (serve/autoscaling_policy.py) from `replicas` within
+    """A fixed `replicas`, or autoscaling on serving signals (serve/control/autoscaling_policy.py) from `replicas` within
     [min, max]. A replica Serve picks for scale-down keeps serving its streams (graceful shutdown, up to
     drain_timeout_s) while the central actor moves them off it (migration): a scale-down never cuts a stream."""
     if config.autoscaling is None:
@@ -107,7 +107,7 @@ def replica_count_options(config: ServeConfig) -> dict[str, Any]:
 def request_router_config(config: ServeConfig) -> RequestRouterConfig:
     """Both routers get the replicas' stats at the same period, so comparing them changes only the decision."""
     period = config.routing_stats_period_s
-    # A replica answers from its cache (replica.py), so a poll that takes long means a stuck replica.
+    # A replica answers from its cache (replica/stats.py), so a poll that takes long means a stuck replica.
     common = {"request_routing_stats_period_s": period, "request_routing_stats_timeout_s": max(5.0, 10 * period)}
     if config.router == "default":
         return RequestRouterConfig(**common)
@@ -127,7 +127,7 @@ def deploy(config: ServeConfig, blocking: bool = False) -> None:
 
 
 def undeploy(config: ServeConfig) -> None:
-    from tokenflow_ray.serve.central import kill_central
+    from tokenflow_ray.serve.control.central import kill_central
 
     serve.delete(config.app_name)
     kill_central(config.central_actor_name, config.central_namespace)

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenflow_ray.engine.policies import make_policy
-from tokenflow_ray.serve.admission import Admission, admission
-from tokenflow_ray.serve.autoscaling_policy import AutoscalingSettings
-from tokenflow_ray.serve.grouping import GroupingConfig
+from tokenflow_ray.serve.control.autoscaling_policy import AutoscalingSettings
+from tokenflow_ray.serve.replica.admission import Admission, admission
+from tokenflow_ray.serve.replica.fleet import engine_config_for_rank
+from tokenflow_ray.serve.replica.grouping import GroupingConfig
 
 
 def _require(ok: bool, message: str) -> None:
@@ -33,15 +34,7 @@ def default_policy() -> str:
 
 
 def images_available() -> bool:
-    return importlib.util.find_spec("tokenflow_ray.serve.images") is not None
-
-
-def engine_config_for_rank(engine_config: EngineConfig, device_blocks_by_rank: tuple[int, ...],
-                           rank: int) -> EngineConfig:
-    """A mixed fleet's replica at Serve rank `rank`: its rank's device pool, ranks past the list the fleet's own."""
-    if not 0 <= rank < len(device_blocks_by_rank):
-        return engine_config
-    return replace(engine_config, cache=replace(engine_config.cache, num_device_blocks=device_blocks_by_rank[rank]))
+    return importlib.util.find_spec("tokenflow_ray.serve.http.images") is not None
 
 
 @dataclass(frozen=True)
@@ -64,7 +57,7 @@ class ServeConfig:
     device_blocks_by_rank: tuple[int, ...] = ()
     max_num_seqs: int = 64  # engine batch cap (streams in one step)
     max_num_batched_tokens: int = 512
-    # Admission (admission.py). A replica accepts the streams its device pool + host store can keep at
+    # Admission (replica/admission.py). A replica accepts the streams its device pool + host store can keep at
     # expected_stream_tokens (prompt + output) each, at least max_num_seqs; Serve queues at most
     # max_queued_requests more per caller (None: a quarter of what the replicas hold; -1: unbounded), and answers
     # the rest 429 with Retry-After: retry_after_s.
@@ -80,7 +73,7 @@ class ServeConfig:
     # The first token goes at once; later ones are grouped at least stream_interval_s and at most
     # stream_max_interval_s: half a paced reader's buffer time, or a share of the replica's stream_events_per_s
     # (each SSE item costs ~1 ms of CPU across proxy, ingress and replica), which a stream whose tokens outpace its
-    # reader gets only as far as its buffer covers with stream_interval_s to spare. See grouping.py.
+    # reader gets only as far as its buffer covers with stream_interval_s to spare. See replica/grouping.py.
     stream_interval_s: float = 0.05
     stream_max_interval_s: float = 0.5
     stream_events_per_s: float = 150.0
@@ -90,7 +83,7 @@ class ServeConfig:
     # as a GPU replica owns its device: unpinned on one box, replicas share every core and are one pooled
     # capacity. A replica whose slice does not fit on its node runs unpinned (logged). 0: no pinning.
     pin_cpus: int = 0
-    # Who answers HTTP (ingress.py): "direct", the replicas themselves (one hop between engine and socket; a
+    # Who answers HTTP (http/ingress.py): "direct", the replicas themselves (one hop between engine and socket; a
     # dead replica's connections just end), or "ingress", a separate deployment in front (one more hop; a dead
     # replica's streams get 503 / an error event). ingress_max_ongoing bounds that deployment's concurrency.
     http: str = "direct"
@@ -103,18 +96,18 @@ class ServeConfig:
     # Share another app's central actor (its app_name): replicas of both are then one cluster to the migration
     # policy (a stream can move between them). "": this app's own.
     central_app: str = ""
-    images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.images exists
+    images: bool | None = None  # bind the image tokenizer routes; None: when tokenflow_ray.serve.http.images exists
     tokenizer_dir: str | None = None  # an image tokenizer (save_pretrained / export dir); None: the packaged one
     # How the LLMServer handle picks a replica for a new stream: "default" is Serve's power-of-two-choices on
-    # queue length; "slack" is the buffer-slack router (serve/slack_router.py, cluster/routing.py). Replicas
+    # queue length; "slack" is the buffer-slack router (serve/control/slack_router.py, cluster/routing.py). Replicas
     # publish their ReplicaStats to Serve every routing_stats_period_s under either router.
     router: str = "default"
     routing_stats_period_s: float = 0.5
-    # Autoscaling of the LLMServer replicas on serving signals (serve/autoscaling_policy.py): None keeps `replicas`
+    # Autoscaling of the LLMServer replicas on serving signals (serve/control/autoscaling_policy.py): None keeps `replicas`
     # fixed; a mapping (min_replicas, max_replicas, delays, metrics_interval_s, ... in YAML) becomes
     # AutoscalingSettings, and `replicas` is the initial count within [min_replicas, max_replicas].
     autoscaling: AutoscalingSettings | None = None
-    # Live migration of paused streams between replicas (serve/stream_port.py): each replica keeps a port for
+    # Live migration of paused streams between replicas (serve/http/stream_port.py): each replica keeps a port for
     # it. None: on when more than one replica can exist (replicas > 1, or autoscaling).
     migration: bool | None = None
     migrate_waiting: bool = False  # the policy moves streams waiting to start too, after paused ones
@@ -168,7 +161,7 @@ class ServeConfig:
         _require(isinstance(self.routing_stats_period_s, (int, float)) and math.isfinite(self.routing_stats_period_s)
                  and self.routing_stats_period_s > 0, "routing_stats_period_s: must be a finite number > 0")
         _require(0 <= self.port < 65536, "port: must be in [0, 65535]")
-        _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.images is missing")
+        _require(not (self.images and not images_available()), "images: tokenflow_ray.serve.http.images is missing")
         _require(self.tokenizer_dir is None or (Path(self.tokenizer_dir).expanduser() / "config.json").is_file(),
                  f"tokenizer_dir: {self.tokenizer_dir} is not a saved tokenizer (no config.json)")
         _require(self.tokenizer_dir is None or bool(self.images), "tokenizer_dir: needs images on")
@@ -176,7 +169,7 @@ class ServeConfig:
 
     @property
     def central_actor_name(self) -> str:
-        from tokenflow_ray.serve.central import central_name
+        from tokenflow_ray.serve.control.central import central_name
 
         return central_name(self.central_app or self.app_name)
 

@@ -6,7 +6,7 @@
 - While serving: one line per replica start and stop, with its KV pool and the policy (`ReplicaWatcher`, from the
   stats each replica sends the app's central actor).
 - Stop, on SIGTERM as on Ctrl-C: new requests get 503 and live streams end with an error event and `[DONE]`
-  (`stop_app`, serve/stopping.py), then Serve and Ray are shut down (serve/local.py) and the command exits 0.
+  (`stop_app`, serve/replica/stopping.py), then Serve and Ray are shut down (serve/local.py) and the command exits 0.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class ReplicaWatcher:
 
 
 def stop_app(config: ServeConfig, reason: str, timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """Every replica refuses new streams and ends its live ones (stopping.py); returns once the app's stream table
+    """Every replica refuses new streams and ends its live ones (replica/stopping.py); returns once the app's stream table
     is empty, or after timeout_s. Returns the streams still live then (0: all ended)."""
     import ray
 

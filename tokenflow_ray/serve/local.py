@@ -32,8 +32,8 @@ def set_ray_env_defaults() -> None:
     # Ray starts workers at nice 15 so drivers stay responsive; here a worker is the serving engine and the driver
     # is the load generator, which must not outrank it.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    # Serve's proxies answer for a replica that dies under a request (direct placement: serve/proxy_guard.py).
-    from tokenflow_ray.serve.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+    # Serve's proxies answer for a replica that dies under a request (direct placement: serve/http/proxy_guard.py).
+    from tokenflow_ray.serve.http.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
 

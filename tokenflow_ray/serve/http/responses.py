@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tokenflow_ray.serve.messages import Delta
+from tokenflow_ray.cluster.messages import Delta
 
 DONE = b"data: [DONE]\n\n"
 

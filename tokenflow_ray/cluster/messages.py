@@ -1,4 +1,5 @@
-"""Plain dataclasses that cross the ingress -> replica -> central actor boundaries (pickled by Ray)."""
+"""Plain dataclasses that cross the ingress -> replica -> central actor boundaries (pickled by Ray): every message
+between the serving processes, in one module (SGLang's io_struct.py idea)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,6 @@ class RelieveOrder:
 
 @dataclass(frozen=True)
 class StopOrder:
-    """The central actor tells a replica the app is stopping: refuse new streams, end live ones (stopping.py)."""
+    """The central actor tells a replica the app is stopping: refuse new streams, end live ones (serve/replica/stopping.py)."""
 
     reason: str = "shutting down"

@@ -18,11 +18,11 @@ from ray.core.generated.common_pb2 import ActorDiedErrorContext
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from ray.serve.exceptions import ReplicaUnavailableError
 
-from tokenflow_ray.serve.central import CentralSettings
-from tokenflow_ray.serve.errors import replica_gone, stream_failure
-from tokenflow_ray.serve.ingress import IngressSettings, _error_response, make_ingress
-from tokenflow_ray.serve.messages import Delta
-from tokenflow_ray.serve.protocol import APIError, CompletionRequest
+from tokenflow_ray.cluster.messages import Delta
+from tokenflow_ray.serve.control.central import CentralSettings
+from tokenflow_ray.serve.http.errors import replica_gone, stream_failure
+from tokenflow_ray.serve.http.ingress import IngressSettings, _error_response, make_ingress
+from tokenflow_ray.serve.http.protocol import APIError, CompletionRequest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,7 +145,7 @@ def events(chunks: list[bytes]) -> list[str]:
 
 def test_a_replica_dying_before_the_first_token_is_an_http_503(caplog):
     ingress = fake_ingress(FakeGen(killed()))
-    with caplog.at_level(logging.ERROR, logger="tokenflow_ray.serve.ingress"), pytest.raises(APIError) as info:
+    with caplog.at_level(logging.ERROR, logger="tokenflow_ray.serve.http.ingress"), pytest.raises(APIError) as info:
         generate(ingress, stream=True)
     err = info.value
     assert (err.status, err.code) == (503, "replica_unavailable")

@@ -3,7 +3,7 @@
 import pytest
 
 from tokenflow_ray.serve.config import ServeConfig
-from tokenflow_ray.serve.grouping import DeltaGrouper, GroupingConfig
+from tokenflow_ray.serve.replica.grouping import DeltaGrouper, GroupingConfig
 
 CFG = GroupingConfig(min_interval_s=0.05, max_interval_s=0.25, events_per_s=200)
 

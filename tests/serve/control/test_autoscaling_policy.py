@@ -1,4 +1,4 @@
-"""The Serve hook (serve/autoscaling_policy.py) on Serve's own AutoscalingContext, and the autoscaling config fields.
+"""The Serve hook (serve/control/autoscaling_policy.py) on Serve's own AutoscalingContext, and the autoscaling config fields.
 
 No Ray instance: the policy is resolved the way the controller resolves it (cloudpickled by value, built once with
 policy_kwargs) and called with contexts shaped like the controller's.
@@ -12,13 +12,13 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
 from tokenflow_ray.cluster.autoscaling import ReplicaLoad
 from tokenflow_ray.serve.app import replica_count_options
-from tokenflow_ray.serve.autoscaling_policy import (
+from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.control.autoscaling_policy import (
     POLICY_PATH,
     STATE_KEY,
     AutoscalingSettings,
     ServingSignalsPolicy,
 )
-from tokenflow_ray.serve.config import ServeConfig
 
 DEP = DeploymentID(name="LLMServer", app_name="tokenflow")
 

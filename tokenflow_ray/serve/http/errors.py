@@ -13,7 +13,7 @@ from __future__ import annotations
 from ray.exceptions import LocalRayletDiedError, NodeDiedError, RayActorError, WorkerCrashedError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 
-from tokenflow_ray.serve.protocol import APIError
+from tokenflow_ray.serve.http.protocol import APIError
 
 # RayActorError covers ActorDiedError (killed, crashed, its node died) and ActorUnavailableError (unreachable for
 # now). The Serve errors: the router's chosen replica is gone, or the deployment has none that deployed.
@@ -27,7 +27,7 @@ STOPPING_MESSAGE = "the server is shutting down; retry the request on another se
 
 
 class ServerStopping(Exception):
-    """Raised in a replica's streams (and for new ones) once the server is stopping (serve/stopping.py)."""
+    """Raised in a replica's streams (and for new ones) once the server is stopping (serve/replica/stopping.py)."""
 
     def __init__(self, reason: str = "shutting down") -> None:
         super().__init__(reason)  # the only arg: the exception pickles across actors

@@ -26,14 +26,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tokenflow_ray.serve.errors import REPLICA_MESSAGE, RETRY_AFTER_S
-from tokenflow_ray.serve.protocol import APIError
-from tokenflow_ray.serve.responses import DONE, sse
+from tokenflow_ray.serve.http.errors import REPLICA_MESSAGE, RETRY_AFTER_S
+from tokenflow_ray.serve.http.protocol import APIError
+from tokenflow_ray.serve.http.responses import DONE, sse
 
 log = logging.getLogger(__name__)
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-PROXY_CALLBACK = "tokenflow_ray.serve.proxy_guard:proxy_middlewares"
+PROXY_CALLBACK = "tokenflow_ray.serve.http.proxy_guard:proxy_middlewares"
 
 
 def proxy_middlewares() -> list:

@@ -1,4 +1,4 @@
-"""The proxy middleware that answers for a dead replica (serve/proxy_guard.py), on plain ASGI apps (no Ray): the
+"""The proxy middleware that answers for a dead replica (serve/http/proxy_guard.py), on plain ASGI apps (no Ray): the
 real-replica cases are in test_faults.py (direct placement)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tokenflow_ray.serve.proxy_guard import ReplicaLossGuard
+from tokenflow_ray.serve.http.proxy_guard import ReplicaLossGuard
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"x-stream-id", b"cmpl-abc")]
 

@@ -2,14 +2,14 @@
 
 `ServingSignalsPolicy` is a class-callable Serve policy (`AutoscalingPolicy(policy_function=..., policy_kwargs=...)`):
 Serve builds it once on the controller with the JSON `policy_kwargs` and calls it every control-loop tick (0.1 s)
-with an `AutoscalingContext`. Its input is the replicas' `record_autoscaling_stats` (serve/replica.py), recorded and
+with an `AutoscalingContext`. Its input is the replicas' `record_autoscaling_stats` (serve/replica/server.py), recorded and
 pushed every `metrics_interval_s` and time-averaged over `look_back_period_s` (cluster-notes §2.2: at Serve's default
 10 s push the first metric took 13.3 s to arrive; at 0.5 s, 2.4 s). It returns the raw target; Serve applies the
 delays, min/max and picks the replica to stop.
 
 Scale-down never cuts a stream: the victim's graceful shutdown waits for its streams (`drain_timeout_s` is
 Serve's graceful_shutdown_timeout_s), and with migration on the central actor moves them off it as soon as Serve
-marks it STOPPING (serve/central.py `drain`), so in the ingress placement it stops without waiting for them.
+marks it STOPPING (serve/control/central.py `drain`), so in the ingress placement it stops without waiting for them.
 `drain_hook` is a further seam: an import path of a callable `hook(decision, replica_ids) -> bool` the policy asks
 before each scale-down; False holds the current target this tick (reason "draining"). It runs on Serve's control
 loop, so it must not block: read what an actor answered on an earlier tick.
@@ -39,7 +39,7 @@ from tokenflow_ray.cluster.autoscaling import (
 
 log = logging.getLogger("ray.serve")
 
-POLICY_PATH = "tokenflow_ray.serve.autoscaling_policy:ServingSignalsPolicy"
+POLICY_PATH = "tokenflow_ray.serve.control.autoscaling_policy:ServingSignalsPolicy"
 STATE_KEY = "tokenflow"
 
 

@@ -3,7 +3,8 @@ time, as `GET /metrics` renders them from the replicas' stats (no Ray: the HTTP 
 
 from __future__ import annotations
 
-from tokenflow_ray.serve.metrics import MoveTotals, StreamTotals, render_prometheus
+from tokenflow_ray.serve.http.prometheus import render_prometheus
+from tokenflow_ray.serve.replica.metrics import MoveTotals, StreamTotals
 
 
 def _lines(text: str, prefix: str) -> dict[str, float]:

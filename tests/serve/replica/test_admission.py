@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tokenflow_ray.serve.admission import Admission, working_set_streams
 from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.replica.admission import Admission, working_set_streams
 
 pytestmark = pytest.mark.timeout(60)
 

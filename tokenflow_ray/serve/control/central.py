@@ -12,7 +12,7 @@ What it does, and what it never does:
   up to `register_grace_s` (up to `rebuild_grace_s` after a restart, while the replicas' snapshots come in).
 - It is named, detached and restartable (`max_restarts=-1`). After a restart its table is empty; each replica's
   next batch is answered "send everything" and its full snapshot rebuilds the table. Callers of `report` retry
-  across the restart (ingress.py), and a forwarded report is answered only once its owner took it, so a report
+  across the restart (serve/http/ingress.py), and a forwarded report is answered only once its owner took it, so a report
   sent during the gap, or queued here when the actor died, is delivered late, not lost.
 
 A replica Serve is stopping (scale-down; its graceful shutdown waits for its requests) is drained when migration
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import ray
 
+from tokenflow_ray.cluster.messages import MoveOrder, RelieveOrder, Report
 from tokenflow_ray.cluster.migration_policy import (
     MigrationSettings,
     Relief,
@@ -44,9 +45,8 @@ from tokenflow_ray.cluster.migration_policy import (
     plan_relief,
 )
 from tokenflow_ray.cluster.stream_table import ReplicaChanges, StreamTable, TableSettings
-from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder, Report
-from tokenflow_ray.serve.serve_replicas import stopping_replicas
-from tokenflow_ray.serve.stopping import CentralStop
+from tokenflow_ray.serve.control.serve_replicas import stopping_replicas
+from tokenflow_ray.serve.control.stopping import CentralStop
 
 
 @dataclass(frozen=True)

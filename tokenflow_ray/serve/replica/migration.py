@@ -1,10 +1,10 @@
-"""The migration half of an LLMServer replica (replica.py): moving its streams away and taking others in.
+"""The migration half of an LLMServer replica (server.py): moving its streams away and taking others in.
 
 - Out: a MoveOrder (or a RelieveOrder, whose streams `migration_policy.pick_streams` chooses) from the central
   actor's long-poll pauses the stream, exports it between steps and offers it to the target's StreamPort; once the
   target imported it, the open response here relays the target's deltas (`_relay`), so the client sees one stream.
   A refused offer leaves the stream here, as it was.
-- In: this replica's own StreamPort (serve/stream_port.py) brings offers, cancellations and reports for streams
+- In: this replica's own StreamPort (serve/http/stream_port.py) brings offers, cancellations and reports for streams
   moved here; an adopted stream's deltas go back to its port, where the source pulls them.
 
 A mixin: it uses the replica's engine (`aengine`, `engine`), its change log, its central actor handle, its move
@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator
 
 import ray
 
+from tokenflow_ray.cluster.messages import Delta, MoveOrder, RelieveOrder
 from tokenflow_ray.cluster.migration_policy import pick_streams
-from tokenflow_ray.serve.messages import Delta, MoveOrder, RelieveOrder
-from tokenflow_ray.serve.stream_port import follow
+from tokenflow_ray.serve.http.stream_port import follow
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class ReplicaMigration:
         """This replica's StreamPort, on its node, registered with the central actor (again after a restart)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from tokenflow_ray.serve.stream_port import StreamPortActor
+        from tokenflow_ray.serve.http.stream_port import StreamPortActor
 
         self.port = StreamPortActor.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=True)).remote()

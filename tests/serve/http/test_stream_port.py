@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tokenflow_ray.serve.messages import Delta, Report
-from tokenflow_ray.serve.stream_port import StreamPort
+from tokenflow_ray.cluster.messages import Delta, Report
+from tokenflow_ray.serve.http.stream_port import StreamPort
 
 pytestmark = pytest.mark.timeout(30)
 

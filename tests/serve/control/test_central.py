@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from tokenflow_ray.cluster.messages import Report
 from tokenflow_ray.cluster.stream_table import ReplicaChanges
-from tokenflow_ray.serve.central import CentralScheduler, CentralSettings
-from tokenflow_ray.serve.messages import Report
+from tokenflow_ray.serve.control.central import CentralScheduler, CentralSettings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -216,8 +216,8 @@ def test_a_dropped_replica_that_was_only_slow_sends_a_snapshot_and_is_back():
 
 
 def test_the_migration_policy_sends_reliefs_and_moves_redirect_reports():
+    from tokenflow_ray.cluster.messages import MoveOrder, RelieveOrder
     from tokenflow_ray.cluster.migration_policy import MigrationSettings
-    from tokenflow_ray.serve.messages import MoveOrder, RelieveOrder
 
     def gauges(sum_rate, paused, device_free):
         return {"gauges": {"sum_rate": sum_rate, "waiting_rate": 0.0, "capacity_tok_s": 1000.0,
@@ -255,7 +255,7 @@ def test_the_migration_policy_sends_reliefs_and_moves_redirect_reports():
 
 
 def test_a_replica_serve_is_stopping_is_drained_and_takes_no_streams():
-    from tokenflow_ray.serve.messages import MoveOrder
+    from tokenflow_ray.cluster.messages import MoveOrder
 
     async def run():
         central = _central(poll_s=0.05)

@@ -2,16 +2,16 @@
 
 - direct (the default): the LLMServer replicas answer HTTP themselves. Serve's proxy hands each request to the
   replica its request router picks (the buffer-slack router reads the request's path and headers: a consumption
-  report goes to the replica that owns the stream, serve/slack_router.py), so a token crosses one hop between the
+  report goes to the replica that owns the stream, serve/control/slack_router.py), so a token crosses one hop between the
   engine and the socket, and a report is applied where its stream runs.
 - ingress: a separate OpenAIIngress deployment answers HTTP and calls the replicas through a handle. One more hop
   and process, and in exchange the ingress outlives a replica: a replica that dies before a stream's first token is
   answered 503 `replica_unavailable`, and one that dies mid-stream gives its streams an error event and `[DONE]`
   (errors.py). Direct mode gives the same answers for every failure inside a live replica, and for a dead one
-  Serve's proxy gives them (serve/proxy_guard.py, installed where this package starts Ray or by cluster.yaml).
+  Serve's proxy gives them (serve/http/proxy_guard.py, installed where this package starts Ray or by cluster.yaml).
 
 Both build the same routes (`make_http_class`) over two backends: the handle (`IngressBackend`) and the replica
-itself (`LLMServer`'s `_open_stream` and friends, replica.py).
+itself (`LLMServer`'s `_open_stream` and friends, serve/replica/token_path.py).
 
 No `from __future__ import annotations` here: FastAPI reads route annotations at runtime, and string annotations
 of a class built inside a function do not resolve (a `request: Request` turns into a required query field).
@@ -39,10 +39,10 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenflow_ray.serve.central import CentralSettings, get_central, report_with_retry
-from tokenflow_ray.serve.errors import stream_failure
-from tokenflow_ray.serve.messages import Delta, GenerateRequest, Report
-from tokenflow_ray.serve.protocol import (
+from tokenflow_ray.cluster.messages import Delta, GenerateRequest, Report
+from tokenflow_ray.serve.control.central import CentralSettings, get_central, report_with_retry
+from tokenflow_ray.serve.http.errors import stream_failure
+from tokenflow_ray.serve.http.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,8 +50,8 @@ from tokenflow_ray.serve.protocol import (
     engine_value_error,
     parse_body,
 )
-from tokenflow_ray.serve.responses import DONE, ChunkWriter, full_response, sse
-from tokenflow_ray.serve.stream_port import follow
+from tokenflow_ray.serve.http.responses import DONE, ChunkWriter, full_response, sse
+from tokenflow_ray.serve.http.stream_port import follow
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ def make_http_class(base: type, routers: Sequence[APIRouter] = ()) -> type:
 
         @api.get("/metrics")
         async def metrics(self) -> Response:
-            from tokenflow_ray.serve.metrics import render_prometheus
+            from tokenflow_ray.serve.http.prometheus import render_prometheus
 
             stats = await self.central.stats.remote()
             return Response(render_prometheus(stats), media_type="text/plain; version=0.0.4")

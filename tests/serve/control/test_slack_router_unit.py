@@ -16,9 +16,9 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve._private.request_router import PendingRequest
 
 from tests.cluster.test_routing import stats
+from tokenflow_ray.cluster.messages import GenerateRequest
 from tokenflow_ray.engine.sampling import SamplingParams
-from tokenflow_ray.serve.messages import GenerateRequest
-from tokenflow_ray.serve.slack_router import SlackRequestRouter
+from tokenflow_ray.serve.control.slack_router import SlackRequestRouter
 
 pytestmark = pytest.mark.timeout(60)
 DEP = DeploymentID(name="LLMServer", app_name="unit")

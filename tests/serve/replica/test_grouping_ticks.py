@@ -8,9 +8,9 @@ import time
 from types import SimpleNamespace
 
 from tokenflow_ray.engine.outputs import StreamOutput
-from tokenflow_ray.serve.grouping import GroupingConfig
-from tokenflow_ray.serve.replica import LLMServer
-from tokenflow_ray.serve.stopping import ReplicaStopping
+from tokenflow_ray.serve.replica.grouping import GroupingConfig
+from tokenflow_ray.serve.replica.server import LLMServer
+from tokenflow_ray.serve.replica.stopping import ReplicaStopping
 
 CFG = GroupingConfig(min_interval_s=0.05, max_interval_s=0.25, events_per_s=200)
 

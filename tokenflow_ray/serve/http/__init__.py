@@ -1,0 +1,1 @@
+"""The Serve app's HTTP front: routes, request and response bodies, errors, image routes, /metrics, proxy guard."""

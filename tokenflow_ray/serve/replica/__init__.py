@@ -1,0 +1,1 @@
+"""The LLMServer replica (server.py) and its parts: token path, central link, stats, migration, stopping."""
