@@ -3,7 +3,7 @@
 import pytest
 
 from tests.engine.factories import make_fake_engine
-from tokenflow_ray.engine.config import EngineConfig, ModelConfig
+from tokenflow_ray.engine.config import ModelConfig
 from tokenflow_ray.engine.policies import AndesConfig, AndesPolicy, TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
@@ -31,13 +31,14 @@ def test_write_budget_fraction_bounds_write_through_per_step():
     assert planned[0.01] == 1 and planned[4.0] == 4
 
 
-def test_default_rate_applies_to_streams_without_one():
+def test_a_stream_reads_at_the_rate_it_declares_and_unpaced_without_one():
+    """The engine has no default rate: a server resolves its default_rate where a request comes in
+    (tests/serve/http/test_default_rate.py)."""
     engine, _ = make_fake_engine()
-    engine.config = EngineConfig(default_rate=12.5)
-    sid = engine.add_request([1, 2], SamplingParams())
-    assert engine.scheduler.streams[sid].rate == 12.5
-    with pytest.raises(ValueError, match="default_rate"):
-        EngineConfig(default_rate=-1.0)
+    assert engine.scheduler.streams[engine.add_request([1, 2], SamplingParams())].rate == 0.0
+    assert engine.scheduler.streams[engine.add_request([1, 2], SamplingParams(), rate=12.5)].rate == 12.5
+    with pytest.raises(ValueError, match="rate"):
+        engine.add_request([1, 2], SamplingParams(), rate=-1.0)
 
 
 def test_record_history_bounds_kept_records():

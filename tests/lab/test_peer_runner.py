@@ -241,7 +241,8 @@ def test_config_defaults_and_kv_budget(tmp_path):
     assert cfg.vllm_blocks == 60 and cfg.kv_blocks * cfg.block_size == cfg.vllm_blocks * cfg.vllm_block_size
     assert cfg.batch_cap == cfg.streams
     sc = cfg.serve_config("tokenflow")
-    assert (sc.num_device_blocks, sc.block_size, sc.num_cpus, sc.policy) == (480, 16, 2, "tokenflow")
+    assert (sc.engine.cache.num_device_blocks, sc.engine.cache.block_size, sc.num_cpus,
+            sc.engine.scheduler.policy) == (480, 16, 2, "tokenflow")
     (tmp_path / "config.json").write_text('{"num_hidden_layers": 6, "num_attention_heads": 6, '
                                           '"num_key_value_heads": 2, "hidden_size": 384}')
     assert kv_bytes_per_token(tmp_path) == 6 * 2 * 2 * 64 * 4

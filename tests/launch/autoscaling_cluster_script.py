@@ -242,7 +242,7 @@ def main() -> dict:
         from ray import serve
 
         from tokenflow_ray.serve.app import deploy
-        from tokenflow_ray.serve.config import ServeConfig
+        from tokenflow_ray.serve.config import ServeConfig, serve_engine
         from tokenflow_ray.serve.control.central import CentralSettings, central_name, get_central
 
         deadline = time.monotonic() + 90
@@ -256,10 +256,11 @@ def main() -> dict:
                 time.sleep(1.0)
         serve.start(proxy_location="EveryNode", http_options={"host": "127.0.0.1", "port": port})
         config = ServeConfig(
-            app_name=APP, policy="tokenflow", device="cpu", num_cpus=0.5, num_gpus=1, max_num_seqs=8,
-            num_device_blocks=256, num_host_blocks=128, images=False,
+            app_name=APP, num_cpus=0.5, num_gpus=1, images=False,
             autoscaling={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.5, "downscale_delay_s": 2.0,
-                         "metrics_interval_s": 0.25, "look_back_period_s": 1.0, "drain_timeout_s": 30.0})
+                         "metrics_interval_s": 0.25, "look_back_period_s": 1.0, "drain_timeout_s": 30.0},
+            engine=serve_engine(policy="tokenflow", device="cpu", max_num_seqs=8, num_device_blocks=256,
+                                num_host_blocks=128))
         deploy(config)
         t_ready = time.monotonic() - t0
         timeline = Timeline(get_central(CentralSettings(central_name(APP), config.central_namespace)), t0)

@@ -31,7 +31,8 @@ def _serve_config(path: Path, port: int) -> None:
     doc = yaml.safe_load((ROOT / "tokenflow_ray/serve/serve.yaml").read_text())
     doc["http_options"]["port"] = port
     args = doc["applications"][0]["args"]
-    args.update(images=False, num_device_blocks=256, num_host_blocks=256, max_num_seqs=16, num_cpus=1)
+    args.update(images=False, num_cpus=1)
+    args["engine"].update(num_device_blocks=256, num_host_blocks=256, max_num_seqs=16)
     args["autoscaling"]["max_replicas"] = 1  # the head has 2 CPUs
     path.write_text(yaml.safe_dump(doc))
 

@@ -42,12 +42,12 @@ def ray_serve(serve_url) -> str:
 @pytest.fixture(scope="session")
 def app(ray_serve) -> ServedApp:
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
     # Room for the 256-stream load test in one engine batch; a host store so disconnects can be checked there too.
-    config = ServeConfig(app_name="tftest", policy="fcfs", api_key=API_KEY, max_num_seqs=256,
-                         max_num_batched_tokens=1024, num_device_blocks=1024, num_host_blocks=64,
-                         max_body_bytes=64 * 1024, images=False, num_cpus=1)
+    config = ServeConfig(app_name="tftest", api_key=API_KEY, max_body_bytes=64 * 1024, images=False, num_cpus=1,
+                         engine=serve_engine(policy="fcfs", max_num_seqs=256, max_num_batched_tokens=1024,
+                                             num_device_blocks=1024, num_host_blocks=64))
     try:  # a deploy that fails halfway is deleted too
         deploy(config)
         yield ServedApp(ray_serve, API_KEY, config)

@@ -37,7 +37,7 @@ def main() -> None:
 
     from tokenflow_ray.cluster.http_requests import owner_of
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
     from tokenflow_ray.serve.control.central import CentralSettings, central_name, get_central
     from tokenflow_ray.serve.local import free_port
 
@@ -49,9 +49,9 @@ def main() -> None:
     # The slack router: Serve's default one, called from a proxy, prefers replicas on the proxy's own node (here
     # the head), which is locality, not balance; ours spreads by each replica's load. A mixed fleet, as nodes with
     # different devices are: rank 1's device pool is half of rank 0's.
-    config = ServeConfig(app_name=APP, replicas=2, num_cpus=1, policy="tokenflow", images=False,
-                         num_device_blocks=256, device_blocks_by_rank=(256, 128), num_host_blocks=512,
-                         max_num_seqs=16, router="slack")
+    config = ServeConfig(app_name=APP, replicas=2, num_cpus=1, images=False, device_blocks_by_rank=(256, 128),
+                         router="slack", engine=serve_engine(policy="tokenflow", num_device_blocks=256,
+                                                             num_host_blocks=512, max_num_seqs=16))
     try:
         port = free_port()
         # One proxy: both raylets share this machine's loopback, where a proxy per node would collide on the port.

@@ -47,14 +47,14 @@ PROBE = StreamSpec("Probe: which replica is left?", max_tokens=150)
 
 
 def _config():
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
     return ServeConfig(
-        app_name=APP, policy="tokenflow", max_num_seqs=16, num_device_blocks=1600, num_host_blocks=256,
-        num_cpus=0.5, images=False,
+        app_name=APP, num_cpus=0.5, images=False,
         autoscaling={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.5, "downscale_delay_s": 2.0,
                      "metrics_interval_s": 0.25, "look_back_period_s": 1.0, "pressure_cooldown_s": 2.0,
-                     "drain_timeout_s": 60.0})
+                     "drain_timeout_s": 60.0},
+        engine=serve_engine(policy="tokenflow", max_num_seqs=16, num_device_blocks=1600, num_host_blocks=256))
 
 
 class Timeline(threading.Thread):

@@ -19,12 +19,12 @@ RETRY_AFTER_S = 3
 @pytest.fixture(scope="module")
 def admit_app(serve_url):
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
     # A batch of 2; (96 + 32 blocks) / (256 tokens / 16) = 8 streams per replica (derived); 2 more queued.
-    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", policy="fcfs", max_num_seqs=2,
-                         num_device_blocks=96, num_host_blocks=32, expected_stream_tokens=256,
-                         max_queued_requests=2, retry_after_s=RETRY_AFTER_S, images=False, num_cpus=1)
+    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", expected_stream_tokens=256,
+                         max_queued_requests=2, retry_after_s=RETRY_AFTER_S, images=False, num_cpus=1,
+                         engine=serve_engine(policy="fcfs", max_num_seqs=2, num_device_blocks=96, num_host_blocks=32))
     assert (config.admission().max_ongoing_requests, config.admission().max_queued_requests) == (8, 2)
     deploy(config)
     try:

@@ -27,10 +27,11 @@ APP = "tfcentral"
 @pytest.fixture(scope="module")
 def central_app(serve_url):
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
-    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, policy="tokenflow",
-                         max_num_seqs=1, num_device_blocks=512, num_host_blocks=512, images=False)
+    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, images=False,
+                         engine=serve_engine(policy="tokenflow", max_num_seqs=1, num_device_blocks=512,
+                                             num_host_blocks=512))
     try:
         deploy(config)
         yield f"{serve_url}/{APP}", config

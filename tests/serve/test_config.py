@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.config import ServeConfig, serve_engine
 from tokenflow_ray.serve.http.protocol import APIError, CompletionRequest, ConsumptionReport, parse_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,35 +15,38 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_config_validates_and_builds_engine_config():
-    cfg = ServeConfig(policy="fcfs", num_device_blocks=64, num_host_blocks=32, max_num_seqs=8, default_rate=4)
+    cfg = ServeConfig(default_rate=4, engine=serve_engine(policy="fcfs", num_device_blocks=64,
+                                                          num_host_blocks=32, max_num_seqs=8))
     ec = cfg.engine_config()
     assert (ec.cache.num_device_blocks, ec.cache.num_host_blocks, ec.scheduler.max_num_seqs) == (64, 32, 8)
-    assert ec.scheduler.policy == "fcfs" and ec.default_rate == 4
+    assert ec.scheduler.policy == "fcfs" and cfg.default_rate == 4
     for bad in ({"policy": "nope"}, {"replicas": 0}, {"default_rate": -1}, {"max_body_bytes": 10},
                 {"api_key": ""}, {"num_device_blocks": 0}, {"pin_cpus": -1}, {"pin_cpus": 1.5}, {"pin_cpus": True}):
         with pytest.raises(ValueError):
-            ServeConfig(**bad)
+            ServeConfig.from_dict(bad)  # engine options (policy, num_device_blocks) flat, as old files have them
     with pytest.raises(ValueError, match="unknown ServeConfig keys"):
         ServeConfig.from_dict({"modle": "x"})
 
 
 def test_load_format_reaches_the_engine_config():
-    assert ServeConfig(model="llama3-8b", load_format="dummy").engine_config().model.load_format == "dummy"
+    dummy = ServeConfig(engine=serve_engine(model="llama3-8b", load_format="dummy"))
+    assert dummy.engine_config().model.load_format == "dummy"
     with pytest.raises(ValueError, match="load_format='dummy'"):
-        ServeConfig(model="llama3-8b")  # a built-in config has no weights to serve
+        ServeConfig(engine=serve_engine(model="llama3-8b"))  # a built-in config has no weights to serve
     with pytest.raises(ValueError, match="load_format"):
-        ServeConfig(load_format="random")
+        ServeConfig(engine=serve_engine(load_format="random"))
 
 
 def test_a_mixed_fleet_sizes_each_ranks_device_pool(tmp_path):
     """device_blocks_by_rank: rank i's engine gets entry i's device pool, ranks past the list the default; the rest
     of the config, admission included, is the fleet's."""
-    cfg = ServeConfig(replicas=3, num_device_blocks=256, device_blocks_by_rank=[384, 128])
+    cfg = ServeConfig(replicas=3, device_blocks_by_rank=[384, 128],
+                      engine=serve_engine(num_device_blocks=256))
     assert cfg.device_blocks_by_rank == (384, 128)  # a YAML list becomes the frozen tuple
     pools = [cfg.engine_config(rank).cache.num_device_blocks for rank in (0, 1, 2)]
     assert pools == [384, 128, 256] and cfg.engine_config().cache.num_device_blocks == 256
     assert cfg.engine_config(1).scheduler == cfg.engine_config().scheduler
-    assert cfg.admission() == ServeConfig(replicas=3, num_device_blocks=256).admission()
+    assert cfg.admission() == ServeConfig(replicas=3, engine=serve_engine(num_device_blocks=256)).admission()
     for bad in ([0], [128, -1], [1.5], [True], "384,128", 384):
         with pytest.raises(ValueError, match="device_blocks_by_rank"):
             ServeConfig(device_blocks_by_rank=bad)
@@ -52,9 +55,68 @@ def test_a_mixed_fleet_sizes_each_ranks_device_pool(tmp_path):
     assert ServeConfig.from_yaml(path).engine_config(1).cache.num_device_blocks == 64
 
 
+def test_the_engine_is_one_nested_config_with_the_servers_defaults():
+    """ServeConfig declares no engine field of its own: the engine's, with the server's defaults over them."""
+    from dataclasses import fields
+
+    from tokenflow_ray.engine.config import EngineConfig, engine_option_names
+
+    assert not {f.name for f in fields(ServeConfig)} & engine_option_names()
+    ec = ServeConfig().engine
+    assert (ec.scheduler.policy, ec.cache.num_host_blocks) == ("tokenflow", 4096)  # the server's defaults
+    assert ec.cache.num_device_blocks == EngineConfig().cache.num_device_blocks  # the rest is the engine's
+    assert ServeConfig(engine=serve_engine(policy="fcfs")).engine.cache.num_host_blocks == 4096
+    with pytest.raises(ValueError, match="engine: must be an EngineConfig"):
+        ServeConfig(engine={"policy": "fcfs"})
+
+
+def test_yaml_engine_options_nested_or_flat_as_before(tmp_path):
+    """`engine:` takes engine options (or parts); flat ones, as files had them before the nesting, still read."""
+    nested, flat = tmp_path / "nested.yaml", tmp_path / "flat.yaml"
+    nested.write_text(yaml.safe_dump({"replicas": 2, "engine": {"policy": "fcfs", "num_device_blocks": 256,
+                                                                 "cache": {"num_host_blocks": 8}}}))
+    flat.write_text(yaml.safe_dump({"replicas": 2, "policy": "fcfs", "num_device_blocks": 256, "num_host_blocks": 8}))
+    a, b = ServeConfig.from_yaml(nested), ServeConfig.from_yaml(flat)
+    assert a == b and a.replicas == 2
+    assert (a.engine.scheduler.policy, a.engine.cache.num_device_blocks, a.engine.cache.num_host_blocks) == (
+        "fcfs", 256, 8)
+    # Overrides (the CLI's flags) win over the file, an engine option's too.
+    over = ServeConfig.from_yaml(nested, policy="andes", replicas=3, model=None)
+    assert (over.engine.scheduler.policy, over.replicas) == ("andes", 3)
+    with pytest.raises(ValueError, match="policy: given both flat and under engine:"):
+        ServeConfig.from_dict({"policy": "fcfs", "engine": {"policy": "andes"}})
+    with pytest.raises(ValueError, match="unknown ServeConfig keys: \\['modle'\\]"):
+        ServeConfig.from_dict({"engine": {"model": "embedded"}, "modle": "x"})
+    with pytest.raises(ValueError, match="unknown engine option 'modle'"):
+        ServeConfig.from_dict({"engine": {"modle": "x"}})
+
+
+def test_device_defaults_are_resolved_once_before_admission_reads_them(monkeypatch):
+    """Replicas given a GPU (num_gpus > 0) run on CUDA: the config resolves the engine's device defaults when it is
+    built, so admission and every replica read the same block size and pool (the replica's factory, resolving
+    again, changes nothing)."""
+    import tokenflow_ray.serve.config as serve_config
+    from tokenflow_ray.engine.config import FLASH_BLOCK_SIZE
+    from tokenflow_ray.runner.device_defaults import DeviceFacts, resolve_device_defaults
+
+    cpu = ServeConfig(images=False)
+    assert cpu.engine.overlap_scheduling is False and cpu.engine.cache.block_size == 16
+    assert serve_config.replica_device_facts("auto", 0) == DeviceFacts(cuda=False, flash_attn=False)
+    assert serve_config.replica_device_facts("auto", 1).cuda and serve_config.replica_device_facts("cuda:1", 0).cuda
+    monkeypatch.setattr(serve_config, "replica_device_facts", lambda device, gpus: DeviceFacts(gpus > 0, gpus > 0))
+    gpu = ServeConfig(images=False, num_gpus=1, engine=serve_engine(num_device_blocks=1024, num_host_blocks=4096))
+    cache = gpu.engine.cache
+    assert (cache.block_size, cache.num_device_blocks, cache.num_host_blocks) == (FLASH_BLOCK_SIZE, 64, 256)
+    assert gpu.engine.overlap_scheduling is True and gpu.engine_config(0) == gpu.engine
+    assert resolve_device_defaults(gpu.engine, DeviceFacts(True, True)) == gpu.engine
+    # Admission counts in the resolved blocks: 512 expected tokens are 2 blocks of 256, (64 + 256) // 2 streams.
+    assert gpu.admission().max_ongoing_requests == (64 + 256) // 2
+
+
 def test_serve_yaml_is_the_cli_config(tmp_path):
     cfg = ServeConfig.from_yaml(ROOT / "tokenflow_ray/serve/serve.yaml")
-    assert cfg.app_name == "tokenflow" and cfg.policy == "tokenflow" and cfg.num_host_blocks == 2048
+    assert cfg.app_name == "tokenflow" and cfg.engine.scheduler.policy == "tokenflow"
+    assert cfg.engine.cache.num_host_blocks == 2048
     doc = yaml.safe_load((ROOT / "tokenflow_ray/serve/serve.yaml").read_text())
     assert doc["applications"][0]["import_path"] == "tokenflow_ray.serve.app:app_builder"
     assert ServeConfig.from_yaml(ROOT / "tokenflow_ray/serve/serve.yaml", port=9001, replicas=2).port == 9001
@@ -100,9 +162,9 @@ def test_demo_workload_contends_for_memory_within_decode_capacity():
     from tokenflow_ray.lab.demo import DemoConfig
 
     cfg = DemoConfig()
-    sc = cfg.serve_config("fcfs")
-    full_blocks = -(-(len(cfg.prompt(0)) + 2 + cfg.max_tokens) // sc.block_size)
-    assert sc.num_device_blocks < cfg.streams * full_blocks  # only a fraction fits at full length
+    cache = cfg.serve_config("fcfs").engine.cache
+    full_blocks = -(-(len(cfg.prompt(0)) + 2 + cfg.max_tokens) // cache.block_size)
+    assert cache.num_device_blocks < cfg.streams * full_blocks  # only a fraction fits at full length
     # Σ rates near but under the replica's decode rate over HTTP on a 2-core box (docs/serving/serve_bench.json:
     # ~1.4k tok/s at 32 streams): the contest is over who runs when, not raw capacity.
     assert 500 < cfg.streams * cfg.rate < 1000

@@ -32,17 +32,19 @@ STREAMS, MAX_TOKENS = 16, 1600
 
 
 def _config():
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
     # Scale-down once the streams have been on both replicas for a few seconds (their demand, 320 tok/s and 16
     # streams in a batch of 32, fits one replica at the policy's scale-down utilization of half). Each replica pinned to a core of its own, so the survivor runs the moved
     # streams on one core whatever the box. On an AVX-512 EPYC, unpinned, with a 4 s delay, a moved stream ended
     # 0.03 s after the victim was gone, and with a 2 s delay the victim's one stream ended before it was gone.
-    return ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, pin_cpus=1, policy="tokenflow",
-                       max_num_seqs=32, num_device_blocks=2048, num_host_blocks=2048, images=False, http="ingress",
+    return ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, pin_cpus=1, images=False,
+                       http="ingress",
                        autoscaling={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 60.0,
                                     "downscale_delay_s": 2.0, "metrics_interval_s": 0.25, "look_back_period_s": 1.0,
-                                    "drain_timeout_s": 120.0})
+                                    "drain_timeout_s": 120.0},
+                       engine=serve_engine(policy="tokenflow", max_num_seqs=32, num_device_blocks=2048,
+                                           num_host_blocks=2048))
 
 
 def _body(i: int, stream: bool = True) -> dict:

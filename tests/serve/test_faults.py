@@ -36,11 +36,12 @@ RESTART_MARGIN_S = 2 * 2.0 + 1.0
 @contextlib.contextmanager
 def deployed(app_name: str, replicas: int, max_num_seqs: int, router: str = "default", http: str = "ingress"):
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
     config = ServeConfig(app_name=app_name, route_prefix=f"/{app_name}", replicas=replicas, num_cpus=0.5,
-                         policy="fcfs", max_num_seqs=max_num_seqs, num_device_blocks=512, num_host_blocks=0,
-                         images=False, router=router, http=http)
+                         images=False, router=router, http=http,
+                         engine=serve_engine(policy="fcfs", max_num_seqs=max_num_seqs, num_device_blocks=512,
+                                             num_host_blocks=0))
     try:
         t = time.monotonic()
         deploy(config)

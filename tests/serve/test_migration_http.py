@@ -24,10 +24,11 @@ MAX_TOKENS = 1900
 @pytest.fixture(scope="module")
 def migrate_app(serve_url):
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
-    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, policy="tokenflow",
-                         max_num_seqs=4, num_device_blocks=256, num_host_blocks=512, images=False)
+    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, images=False,
+                         engine=serve_engine(policy="tokenflow", max_num_seqs=4, num_device_blocks=256,
+                                             num_host_blocks=512))
     assert config.migration_enabled
     try:
         deploy(config)

@@ -21,7 +21,7 @@ def slow_app(serve_url):
     import ray
 
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
     from tokenflow_ray.serve.control.central import (
         ACTOR_OPTIONS,
         CentralScheduler,
@@ -31,8 +31,8 @@ def slow_app(serve_url):
 
     # The ingress placement: its reports go through the central actor (in the direct one a report reaches the
     # stream's own replica, which needs no registration to apply it).
-    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", policy="fcfs", register_grace_s=GRACE_S,
-                         images=False, num_cpus=1, http="ingress")
+    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", register_grace_s=GRACE_S,
+                         images=False, num_cpus=1, http="ingress", engine=serve_engine(policy="fcfs"))
     settings = CentralSettings(central_name(APP), config.central_namespace, register_grace_s=GRACE_S)
 
     class SlowRegisterCentral(CentralScheduler):  # defined here, so Ray ships it by value

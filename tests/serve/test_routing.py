@@ -26,13 +26,13 @@ BURSTS = 3
 @pytest.fixture(scope="module")
 def route_app(serve_url):
     from tokenflow_ray.serve.app import deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
     # Half a CPU each so both fit beside the session's other apps; a pool that holds the whole burst. Each replica
     # pinned to a core of its own, as `tokenflow bench routing --pin-cpus` runs them.
-    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=REPLICAS, router="slack", policy="fcfs",
-                         num_cpus=0.5, pin_cpus=1, max_num_seqs=8, num_device_blocks=128, num_host_blocks=64,
-                         expected_stream_tokens=128, images=False)
+    config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=REPLICAS, router="slack",
+                         num_cpus=0.5, pin_cpus=1, expected_stream_tokens=128, images=False,
+                         engine=serve_engine(policy="fcfs", max_num_seqs=8, num_device_blocks=128, num_host_blocks=64))
     assert config.http == "direct"  # the default placement: Serve's proxy runs the router, as users run it
     try:
         deploy(config)
@@ -190,7 +190,7 @@ def test_handles_run_the_slack_router_on_the_polled_stats(route_app):
         return len(parsed) == REPLICAS and all(p is not None for p in parsed) and parsed
 
     parsed = _wait(fresh, 30, "stats on the router's replicas")
-    assert all(p.device_blocks_total == config.num_device_blocks for p in parsed)
+    assert all(p.device_blocks_total == config.engine.cache.num_device_blocks for p in parsed)
     assert sum(p.admitted_total for p in parsed) >= 6
     # Every booking ends: its stream completed and the replicas' finished_total has caught up with it.
     _wait(lambda: len(router.ledger) == 0, 15, "every booking to end")

@@ -117,7 +117,7 @@ def test_a_replica_failure_is_its_own_last_exception_line():
 
 
 def test_the_watcher_prints_one_line_per_replica_start_and_stop():
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
     from tokenflow_ray.serve.lifecycle import ReplicaWatcher
 
     pool = {"gauges": {"device_blocks_total": 64.0, "host_blocks_total": 128.0, "block_size": 16.0}}
@@ -128,7 +128,7 @@ def test_the_watcher_prints_one_line_per_replica_start_and_stop():
             return views.pop(0)
 
     lines: list[str] = []
-    watcher = Watcher(ServeConfig(policy="fcfs", images=False), out=lines.append)
+    watcher = Watcher(ServeConfig(images=False, engine=serve_engine(policy="fcfs")), out=lines.append)
     for _ in range(5):
         watcher.poll()
     watcher.all_stopped("server stopped")

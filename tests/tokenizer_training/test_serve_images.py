@@ -95,13 +95,13 @@ def test_trained_checkpoint_served_over_http_with_key_limits_and_batching(serve_
     from ray import serve
 
     from tokenflow_ray.serve.app import IMAGE_DEPLOYMENT, deploy, undeploy
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
     from tokenflow_ray.tokenizer.model import DualCodebookTokenizer
 
     app = "tfimages"
-    config = ServeConfig(app_name=app, route_prefix=f"/{app}", replicas=1, num_cpus=0.5, policy="fcfs",
-                         max_num_seqs=4, num_device_blocks=64, num_host_blocks=0, images=True,
-                         tokenizer_dir=str(trained_dir), api_key="sk-images")
+    config = ServeConfig(app_name=app, route_prefix=f"/{app}", replicas=1, num_cpus=0.5, images=True,
+                         tokenizer_dir=str(trained_dir), api_key="sk-images",
+                         engine=serve_engine(policy="fcfs", max_num_seqs=4, num_device_blocks=64, num_host_blocks=0))
     local = DualCodebookTokenizer.from_pretrained(trained_dir)
     key = {"Authorization": "Bearer sk-images"}
     try:

@@ -15,7 +15,7 @@ class GenerateRequest:
     sampling: SamplingParams
     prompt: str | tuple[int, ...] | None = None
     messages: tuple[tuple[str, str], ...] | None = None  # (role, text): the replica applies the chat template
-    rate: float | None = None  # declared consumption rate (None: the server default)
+    rate: float = 0.0  # declared consumption rate, tokens/s: the request's, or the server's default_rate (ingress)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class AsyncLLMEngine:
     async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                        stream_id: str | None = None, arrival_time: float | None = None,
                        on_added: Callable[[str], None] | None = None,
-                       rate: float | None = None) -> AsyncIterator[StreamOutput | None]:
+                       rate: float = 0.0) -> AsyncIterator[StreamOutput | None]:
         async for out in self._iterate(lambda: self.engine.add_request(prompt, sampling, stream_id, arrival_time,
                                                                        rate), on_added):
             yield out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
@@ -50,20 +49,20 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.model), "model: must name a local directory, a hub id, 'embedded' or a preset "
-                                   f"({', '.join(MODEL_PRESETS)})")
+                                  f"({', '.join(MODEL_PRESETS)})")
         require(self.load_format in LOAD_FORMATS,
-                 f"load_format: expected one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+                f"load_format: expected one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         require(self.model not in MODEL_PRESETS or self.load_format == "dummy",
-                 f"model: {self.model!r} is a built-in config with no weights; it loads only with "
-                 f"load_format='dummy' (random weights)")
+                f"model: {self.model!r} is a built-in config with no weights; it loads only with "
+                f"load_format='dummy' (random weights)")
         require(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype: unknown dtype {self.dtype!r}")
         require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
-                 f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
+                f"device: expected auto, cpu or cuda[:N], got {self.device!r}")
         require(self.max_model_len is None or self.max_model_len > 0, "max_model_len: must be positive")
         require(self.num_threads is None or self.num_threads > 0, "num_threads: must be positive")
         require(self.cpu_gemm in CPU_GEMMS, f"cpu_gemm: expected one of {CPU_GEMMS}, got {self.cpu_gemm!r}")
         require(self.attention_backend in ATTENTION_BACKENDS,
-                 f"attention_backend: expected one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+                f"attention_backend: expected one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         require(isinstance(self.enforce_eager, bool), "enforce_eager: must be a bool")
 
 
@@ -84,7 +83,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         require(self.kv_layout in KV_LAYOUTS, f"kv_layout: expected one of {KV_LAYOUTS}, got {self.kv_layout!r}")
         require(self.resume_mode in ("auto", "load", "recompute"),
-                 f"resume_mode: expected auto, load or recompute, got {self.resume_mode!r}")
+                f"resume_mode: expected auto, load or recompute, got {self.resume_mode!r}")
         require(0 < self.write_budget_fraction <= 4, "write_budget_fraction: must be in (0, 4]")
         require(self.block_size > 0, "block_size: must be positive")
         require(self.num_device_blocks > 0, "num_device_blocks: must be positive")
@@ -103,11 +102,11 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         require(self.policy in POLICY_NAMES, f"policy: unknown policy {self.policy!r}; choose one of "
-                                              f"{', '.join(POLICY_NAMES)}")
+                                             f"{', '.join(POLICY_NAMES)}")
         require(self.max_num_seqs > 0, "max_num_seqs: must be positive")
         require(self.max_num_batched_tokens > 0, "max_num_batched_tokens: must be positive")
         require(self.max_num_batched_tokens >= self.max_num_seqs,
-                 "max_num_batched_tokens: must be >= max_num_seqs so every running stream can decode each step")
+                "max_num_batched_tokens: must be >= max_num_seqs so every running stream can decode each step")
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,6 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    default_rate: float = 0.0  # consumption rate of streams that declare none (tokens/s; 0: unpaced)
     record_history: int = 10_000  # finished-stream records kept for metrics and benchmarks
     # Plan step N+1 while the runner thread runs step N, and apply N's result while N+1 runs (same greedy output).
     # None: by the device, resolved by the runner: on with CUDA (the host's planning hides under the GPU's step),
@@ -123,45 +121,36 @@ class EngineConfig:
     overlap_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
-        require(isinstance(self.default_rate, (int, float)) and math.isfinite(self.default_rate)
-                 and self.default_rate >= 0, "default_rate: must be a finite number >= 0")
         require(self.record_history >= 0, "record_history: must be >= 0")
         require(self.overlap_scheduling in (None, True, False), "overlap_scheduling: must be true, false or null")
 
     def with_options(self, **options: Any) -> EngineConfig:
         """This config with engine options given by name, each set on the config that declares it: ModelConfig's
         (model, dtype, device, load_format, ...), CacheConfig's (block_size, num_device_blocks, num_host_blocks,
-        ...), SchedulerConfig's (max_num_seqs, policy, ...) or this one's (default_rate, overlap_scheduling, ...),
+        ...), SchedulerConfig's (max_num_seqs, policy, ...) or this one's (overlap_scheduling, record_history),
         as vLLM's LLM(...) and `tokenflow serve` take them. `model`, `cache` or `scheduler` given a mapping (or a
         config) sets that part as a whole; a mapping for a nested config (tokenflow, andes) sets its fields. An
         unknown name or the same field given twice raises ValueError."""
         parts: dict[str, Any] = {name: getattr(self, name) for name in _PARTS}
-        own: dict[str, Any] = {}
-        seen: set[tuple[str, str]] = set()
-
-        def claim(part: str, name: str) -> None:
-            require((part, name) not in seen, f"{name}: given twice (by name and in {part or 'the engine'}'s part)")
-            seen.add((part, name))
-
+        changes: dict[str, dict[str, Any]] = {name: {} for name in (*_PARTS, "")}  # per part, set at once
         for name, value in options.items():
             part_type = _PARTS.get(name)
             if part_type is not None and isinstance(value, part_type):
                 parts[name] = value
-                seen.update((name, f.name) for f in fields(part_type))
             elif part_type is not None and isinstance(value, Mapping):
                 for key in value:
-                    claim(name, key)
-                parts[name] = _with_fields(parts[name], value, name)
+                    require(key not in changes[name], f"{key}: given twice (by name and in {name}'s part)")
+                changes[name].update(value)
             elif name in _OPTION_PART:
                 part = _OPTION_PART[name]
-                claim(part, name)
-                if part:
-                    parts[part] = _with_fields(parts[part], {name: value}, part)
-                else:
-                    own.update(_with_fields(self, {name: value}, "engine", build=False))
+                require(name not in changes[part], f"{name}: given twice (by name and in {part}'s part)")
+                changes[part][name] = value
             else:
                 raise ValueError(f"unknown engine option {name!r}; known: {', '.join(sorted(_OPTION_PART))}")
-        return replace(self, **parts, **own)
+        for name in _PARTS:
+            if changes[name]:
+                parts[name] = _with_fields(parts[name], changes[name], name)
+        return replace(self, **parts, **_with_fields(self, changes[""], "engine", build=False))
 
 
 _PARTS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
@@ -171,6 +160,11 @@ _OPTION_PART = {f.name: part for part, cls in _PARTS.items() for f in fields(cls
     f.name: "" for f in fields(EngineConfig) if f.name not in _PARTS}
 require(len(_OPTION_PART) == sum(len(fields(c)) for c in _PARTS.values()) + len(fields(EngineConfig)) - len(_PARTS),
         "engine options: a field name is declared by two configs")
+
+
+def engine_option_names() -> frozenset[str]:
+    """Every engine option EngineConfig.with_options takes by name."""
+    return frozenset(_OPTION_PART)
 
 
 def _with_fields(obj: Any, changes: Mapping[str, Any], where: str, build: bool = True) -> Any:

@@ -86,8 +86,9 @@ class LLMEngine(EngineMigration):
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
                     stream_id: str | None = None, arrival_time: float | None = None,
-                    rate: float | None = None) -> str:
-        """Queue a stream; rate is the reader's declared consumption rate in tokens/s (None: the default).
+                    rate: float = 0.0) -> str:
+        """Queue a stream; rate is the reader's declared consumption rate in tokens/s (0: unpaced; a server resolves
+        its default where the request comes in, serve/config.py `default_rate`).
         An arrival_time after now holds the stream, validated, until the clock reaches it."""
         sampling = sampling or SamplingParams()
         token_ids = self._prompt_ids(prompt)
@@ -101,7 +102,7 @@ class LLMEngine(EngineMigration):
         stream = Stream(stream_id=stream_id, prompt_token_ids=tuple(token_ids), sampling=sampling,
                         arrival_time=now if arrival_time is None else arrival_time,
                         max_total_tokens=self.max_total_tokens, eos_token_ids=self.runner.info.eos_token_ids,
-                        rate=self.config.default_rate if rate is None else rate)
+                        rate=rate)
         if arrival_time is not None and arrival_time > now:
             self.scheduler.check_admissible(stream)
             self._future[stream_id] = stream

@@ -82,16 +82,17 @@ def run_burst_job(cfg: BurstJobConfig) -> dict[str, Any]:
     start = time.monotonic()
     base_url, args, deployed = find_or_deploy(cfg)
     served = ServeConfig.from_dict({**args, "app_name": cfg.app}) if args else ServeConfig(app_name=cfg.app)
-    demo = DemoConfig(policies=(served.policy,), streams=cfg.streams, max_tokens=cfg.max_tokens, rate=cfg.rate,
+    policy = served.engine.scheduler.policy
+    demo = DemoConfig(policies=(policy,), streams=cfg.streams, max_tokens=cfg.max_tokens, rate=cfg.rate,
                       burst_s=cfg.burst_s, timeout_s=cfg.timeout_s)
     asyncio.run(run_load(base_url, [StreamSpec("warm up", max_tokens=2)], api_key=served.api_key, timeout_s=60))
-    res = asyncio.run(run_load(base_url, demo.specs(), model=served.model, api_key=served.api_key,
+    res = asyncio.run(run_load(base_url, demo.specs(), model=served.engine.model.model, api_key=served.api_key,
                                timeout_s=cfg.timeout_s, report_interval_s=1.0))
     s = res.summary()
     row = {"ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s, "effective_tput": s.effective_tput,
            "raw_tput": s.raw_tput, "stall_s": s.stall_s, "qoe_mean": s.qoe_mean, "complete": res.num_complete,
            "streams": len(res.results), "admitted": res.num_admitted, "rejected": res.num_rejected}
-    return {"app": cfg.app, "url": base_url, "deployed": deployed, "policies": {served.policy: row},
+    return {"app": cfg.app, "url": base_url, "deployed": deployed, "policies": {policy: row},
             "workload": {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "rate": cfg.rate,
                          "burst_s": cfg.burst_s},
             "autoscaling": served.autoscaling is not None, "wall_s": time.monotonic() - start}

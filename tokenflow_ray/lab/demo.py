@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 
 from tokenflow_ray.client import LoadResult, StreamSpec, run_load
-from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class DemoConfig:
     def serve_config(self, policy: str) -> ServeConfig:
         block = 16
         blocks = self.kv_streams * -(-self.stream_tokens // block)
-        return ServeConfig(app_name="demo", policy=policy, num_device_blocks=blocks,
-                           num_host_blocks=self.host_blocks, block_size=block,
-                           expected_stream_tokens=self.stream_tokens, num_cpus=1, images=False)
+        return ServeConfig(app_name="demo", expected_stream_tokens=self.stream_tokens, num_cpus=1, images=False,
+                           engine=serve_engine(policy=policy, num_device_blocks=blocks,
+                                               num_host_blocks=self.host_blocks, block_size=block))
 
     def specs(self) -> list[StreamSpec]:
         gap = self.burst_s / max(1, self.streams - 1)
@@ -94,11 +94,11 @@ def run_demo(cfg: DemoConfig) -> tuple[dict, dict[str, LoadResult]]:
                           "qoe_mean": s.qoe_mean, "complete": res.num_complete, "streams": len(res.results),
                           "admitted": res.num_admitted, "rejected": res.num_rejected}
     sc = cfg.serve_config(cfg.policies[0])
-    adm = sc.admission()
+    adm, cache = sc.admission(), sc.engine.cache
     report = {"policies": policies, "wall_s": time.monotonic() - start,
               "workload": {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "rate": cfg.rate,
-                           "burst_s": cfg.burst_s, "num_device_blocks": sc.num_device_blocks,
-                           "num_host_blocks": sc.num_host_blocks, "block_size": sc.block_size,
+                           "burst_s": cfg.burst_s, "num_device_blocks": cache.num_device_blocks,
+                           "num_host_blocks": cache.num_host_blocks, "block_size": cache.block_size,
                            "expected_stream_tokens": sc.expected_stream_tokens,
                            "max_ongoing_requests": adm.max_ongoing_requests,
                            "max_queued_requests": adm.max_queued_requests}}

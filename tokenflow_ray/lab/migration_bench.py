@@ -139,11 +139,11 @@ HOT, COOL = "mig_hot", "mig_cool"
 def serve_configs(cfg: MigrationBenchConfig) -> tuple:
     """Two one-replica apps sharing one central actor: the burst goes to the hot app's route; the cool app's
     replica is the other replica of the cluster the migration policy sees."""
-    from tokenflow_ray.serve.config import ServeConfig
+    from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
-    common = dict(replicas=1, migration=True, central_app=HOT, policy=cfg.policy, num_cpus=1.0,
-                  block_size=cfg.block_size, num_device_blocks=cfg.num_device_blocks,
-                  num_host_blocks=cfg.num_host_blocks, max_num_seqs=cfg.max_num_seqs,
+    engine = serve_engine(policy=cfg.policy, block_size=cfg.block_size, num_device_blocks=cfg.num_device_blocks,
+                          num_host_blocks=cfg.num_host_blocks, max_num_seqs=cfg.max_num_seqs)
+    common = dict(replicas=1, migration=True, central_app=HOT, num_cpus=1.0, engine=engine,
                   expected_stream_tokens=cfg.prompt_len + cfg.max_tokens, migrate_waiting=cfg.move_waiting,
                   images=False)
     return (ServeConfig(app_name=HOT, route_prefix=f"/{HOT}", **common),

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 
 from tokenflow_ray.client import LoadResult, StreamSpec, run_load
 from tokenflow_ray.lab.paired import compare_rounds
-from tokenflow_ray.serve.config import ROUTERS, ServeConfig
+from tokenflow_ray.serve.config import ROUTERS, ServeConfig, serve_engine
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,11 @@ class RoutingBenchConfig:
         name = f"route_{router}"
         pin = math.ceil(self.cpus_per_replica) if self.pin_cpus else 0
         return ServeConfig(app_name=name, route_prefix=f"/{name}", replicas=self.replicas, router=router,
-                           policy=self.policy, num_cpus=self.cpus_per_replica, pin_cpus=pin,
-                           num_device_blocks=self.num_device_blocks, device_blocks_by_rank=self.device_blocks,
-                           num_host_blocks=self.num_host_blocks, expected_stream_tokens=64 + self.max_tokens,
-                           images=False)
+                           num_cpus=self.cpus_per_replica, pin_cpus=pin,
+                           device_blocks_by_rank=self.device_blocks,
+                           expected_stream_tokens=64 + self.max_tokens,
+                           images=False, engine=serve_engine(policy=self.policy, num_device_blocks=self.num_device_blocks,
+                                                             num_host_blocks=self.num_host_blocks))
 
     def long_prompts(self) -> dict[int, int]:
         """Stream index -> its long prompt's length in tokens (bytes), for the seeded long-context share. Its own

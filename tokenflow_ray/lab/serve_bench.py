@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,9 @@ def _run_serve_bench(cfg: ServeBenchConfig) -> dict:
     from tokenflow_ray.serve.app import deploy, undeploy
     from tokenflow_ray.serve.local import local_serve
 
-    serve_cfg = ServeConfig(app_name="bench", policy=cfg.policy, max_num_seqs=max(64, cfg.streams),
-                            num_device_blocks=1024, num_cpus=float(cfg.threads), images=False,
+    serve_cfg = ServeConfig(app_name="bench", num_cpus=float(cfg.threads), images=False,
+                            engine=serve_engine(policy=cfg.policy, max_num_seqs=max(64, cfg.streams),
+                                                num_device_blocks=1024),
                             **({} if cfg.stream_interval_s is None else {"stream_interval_s": cfg.stream_interval_s}))
     aengine = AsyncLLMEngine(build_engine(serve_cfg.engine_config()))
     specs = [StreamSpec(p, max_tokens=cfg.max_tokens, rate=0.0) for p in _prompts(cfg.streams)]

@@ -46,8 +46,9 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
         routers.append(image_routes(lambda: serve.get_deployment_handle(IMAGE_DEPLOYMENT, app_name),
                                     api_key=config.api_key))
         extra.append(ImageTokenizerDeployment.bind(model_dir=config.tokenizer_dir))  # deployed with the app
-    http = IngressSettings(model=config.model, default_max_tokens=config.default_max_tokens,
-                           max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central)
+    http = IngressSettings(model=config.engine.model.model, default_max_tokens=config.default_max_tokens,
+                           max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central,
+                           default_rate=config.default_rate)
     replica = ReplicaSettings(central, grouping=config.grouping(),
                               torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
                               pin_cpus=config.pin_cpus, device_blocks_by_rank=config.device_blocks_by_rank,
@@ -113,7 +114,7 @@ def request_router_config(config: ServeConfig) -> RequestRouterConfig:
         return RequestRouterConfig(**common)
     slack = SlackRouterConfig(default_rate=config.default_rate,
                               # The embedded model's tokenizer is byte-level; real BPE tokenizers average ~4 bytes.
-                              bytes_per_token=1.0 if config.model == "embedded" else 4.0)
+                              bytes_per_token=1.0 if config.engine.model.model == "embedded" else 4.0)
     return RequestRouterConfig(request_router_class=SLACK_ROUTER_PATH, request_router_kwargs=asdict(slack), **common)
 
 

@@ -9,13 +9,14 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenflow_ray.serve.config import ServeConfig
     from tokenflow_ray.serve.preflight import preflight
 
+    # model, load_format and policy are engine options: ServeConfig.from_dict puts them in its engine config.
     overrides = {"model": args.model, "load_format": args.load_format, "replicas": args.replicas,
                  "policy": args.policy, "host": args.host, "port": args.port, "api_key": args.api_key,
                  "router": args.router, "http": args.http, "tokenizer_dir": args.tokenizer, "pin_cpus": args.pin_cpus}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
-        config = ServeConfig(**{k: v for k, v in overrides.items() if v is not None})
+        config = ServeConfig.from_dict({}, **overrides)
     preflight(config)  # a bad model path, tokenizer or value: one line, exit 2, before Ray starts
 
     from tokenflow_ray.serve.lifecycle import run_server

@@ -97,7 +97,7 @@ class ReplicaWatcher:
 
     def _describe(self, pool: ReplicaPool) -> str:
         return (f"KV pool {pool.device_blocks} device + {pool.host_blocks} host blocks of {pool.block_size} tokens, "
-                f"policy {self.config.policy}")
+                f"policy {self.config.engine.scheduler.policy}")
 
     def _stopped(self, rid: str, why: str) -> None:
         self.out(f"replica {rid} stopped ({why}): {self._describe(self.known.pop(rid))}")
@@ -164,7 +164,8 @@ def run_server(config: ServeConfig) -> int:
             reason = replica_failure(exc, deploy_status_text(config.app_name))
             print(f"tokenflow: error: {reason}", file=sys.stderr, flush=True)
             return 1
-        print(f"serving {config.model!r} ({config.replicas} replica(s), policy {config.policy}, router "
+        ec = config.engine
+        print(f"serving {ec.model.model!r} ({config.replicas} replica(s), policy {ec.scheduler.policy}, router "
               f"{config.router}) at http://{config.host}:{config.port}{config.route_prefix.rstrip('/')}/v1  "
               "(Ctrl-C or SIGTERM to stop)", flush=True)
         watcher.poll()

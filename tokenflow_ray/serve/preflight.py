@@ -62,7 +62,7 @@ def check_image_tokenizer(tokenizer_dir: str | None) -> None:
 
 def preflight(config: ServeConfig) -> None:
     """Raise ValueError (one line) for anything that would make every replica fail to start."""
-    check_model(config.model)
+    check_model(config.engine.model.model)
     if config.images:
         check_image_tokenizer(config.tokenizer_dir)
 

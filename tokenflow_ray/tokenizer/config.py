@@ -12,14 +12,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from tokenflow_ray.checks import require
+
 SEMANTIC_KINDS = ("clip", "siglip", "cnn")
 INDEX_MODES = ("shared", "separate")
 RESIDUAL_MODES = ("official", "var")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True)
@@ -43,17 +40,17 @@ class QuantizerConfig:
     usage_window: int = 131072  # rolling window of recent indices for the usage statistic and dead-code detection
 
     def __post_init__(self) -> None:
-        _check(self.codebook_size >= 2, f"codebook_size must be >= 2, got {self.codebook_size}")
-        _check(self.sem_dim >= 1 and self.pix_dim >= 1, "sem_dim and pix_dim must be >= 1")
+        require(self.codebook_size >= 2, f"codebook_size must be >= 2, got {self.codebook_size}")
+        require(self.sem_dim >= 1 and self.pix_dim >= 1, "sem_dim and pix_dim must be >= 1")
         for name in ("w_sem", "w_dis"):
             value = getattr(self, name)
-            _check(math.isfinite(value) and value >= 0, f"{name} must be finite and >= 0, got {value}")
-        _check(self.w_sem + self.w_dis > 0, "w_sem and w_dis cannot both be 0: the index rule would be empty")
-        _check(self.index_mode in INDEX_MODES, f"index_mode must be one of {INDEX_MODES}, got {self.index_mode!r}")
-        _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        _check(self.residual in RESIDUAL_MODES, f"residual must be one of {RESIDUAL_MODES}, got {self.residual!r}")
-        _check(self.search_chunk >= 1 and self.query_chunk >= 1, "search_chunk and query_chunk must be >= 1")
-        _check(self.usage_window >= 1, f"usage_window must be >= 1, got {self.usage_window}")
+            require(math.isfinite(value) and value >= 0, f"{name} must be finite and >= 0, got {value}")
+        require(self.w_sem + self.w_dis > 0, "w_sem and w_dis cannot both be 0: the index rule would be empty")
+        require(self.index_mode in INDEX_MODES, f"index_mode must be one of {INDEX_MODES}, got {self.index_mode!r}")
+        require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
+        require(self.residual in RESIDUAL_MODES, f"residual must be one of {RESIDUAL_MODES}, got {self.residual!r}")
+        require(self.search_chunk >= 1 and self.query_chunk >= 1, "search_chunk and query_chunk must be >= 1")
+        require(self.usage_window >= 1, f"usage_window must be >= 1, got {self.usage_window}")
 
 
 @dataclass(frozen=True)
@@ -71,15 +68,15 @@ class SemanticConfig:
     code_dim: int = 32  # Linear-Tanh-Linear projection output = quantizer sem_dim
 
     def __post_init__(self) -> None:
-        _check(self.kind in SEMANTIC_KINDS, f"semantic kind must be one of {SEMANTIC_KINDS}, got {self.kind!r}")
+        require(self.kind in SEMANTIC_KINDS, f"semantic kind must be one of {SEMANTIC_KINDS}, got {self.kind!r}")
         # Not required to divide: SigLIP/14 @384 keeps floor(384 / 14) = 27 patches per side, as its conv does.
-        _check(self.image_size >= self.patch_size, "semantic image_size must be >= patch_size")
+        require(self.image_size >= self.patch_size, "semantic image_size must be >= patch_size")
         if self.kind == "cnn":
-            _check(self.patch_size & (self.patch_size - 1) == 0, "cnn patch_size (stride) must be a power of two")
+            require(self.patch_size & (self.patch_size - 1) == 0, "cnn patch_size (stride) must be a power of two")
         else:
-            _check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
-        _check(min(self.hidden_size, self.num_layers, self.feature_dim, self.code_dim) >= 1,
-               "semantic sizes must be >= 1")
+            require(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
+        require(min(self.hidden_size, self.num_layers, self.feature_dim, self.code_dim) >= 1,
+                "semantic sizes must be >= 1")
 
     @property
     def grid(self) -> int:
@@ -97,9 +94,9 @@ class PixelConfig:
     attn_at_lowest: bool = True  # self-attention block at the lowest resolution
 
     def __post_init__(self) -> None:
-        _check(len(self.ch_mult) >= 1 and all(m >= 1 for m in self.ch_mult), "ch_mult must be non-empty, all >= 1")
-        _check(self.ch >= 1 and self.z_channels >= 1 and self.code_dim >= 1, "pixel widths must be >= 1")
-        _check(self.num_res_blocks >= 0 and self.dec_num_res_blocks >= 0, "res block counts must be >= 0")
+        require(len(self.ch_mult) >= 1 and all(m >= 1 for m in self.ch_mult), "ch_mult must be non-empty, all >= 1")
+        require(self.ch >= 1 and self.z_channels >= 1 and self.code_dim >= 1, "pixel widths must be >= 1")
+        require(self.num_res_blocks >= 0 and self.dec_num_res_blocks >= 0, "res block counts must be >= 0")
 
     @property
     def downsample(self) -> int:
@@ -113,8 +110,8 @@ class SemDecoderConfig:
     num_heads: int = 12
 
     def __post_init__(self) -> None:
-        _check(self.width % self.num_heads == 0, "semantic decoder width must be divisible by num_heads")
-        _check(self.depth >= 0, "semantic decoder depth must be >= 0")
+        require(self.width % self.num_heads == 0, "semantic decoder width must be divisible by num_heads")
+        require(self.depth >= 0, "semantic decoder depth must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -134,9 +131,9 @@ class LossConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("_weight"):
-                _check(math.isfinite(value) and value >= 0, f"{f.name} must be finite and >= 0, got {value}")
-        _check(self.gan_start_step >= 0, "gan_start_step must be >= 0")
-        _check(self.disc_ndf >= 1 and self.disc_layers >= 1, "discriminator sizes must be >= 1")
+                require(math.isfinite(value) and value >= 0, f"{f.name} must be finite and >= 0, got {value}")
+        require(self.gan_start_step >= 0, "gan_start_step must be >= 0")
+        require(self.disc_ndf >= 1 and self.disc_layers >= 1, "discriminator sizes must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -151,13 +148,13 @@ class TokenizerConfig:
     scale_drop_prob: float = 0.1  # in training, with this probability one non-first scale is skipped for the step
 
     def __post_init__(self) -> None:
-        _check(self.image_size >= self.grid, "image_size must be >= the token grid")
-        _check(len(self.scales) >= 1 and list(self.scales) == sorted(set(self.scales)) and self.scales[0] >= 1,
-               f"scales must be strictly increasing positive ints, got {self.scales}")
-        _check(self.scales[-1] == self.grid, f"last scale {self.scales[-1]} must equal the token grid {self.grid}")
-        _check(0.0 <= self.scale_drop_prob <= 1.0, "scale_drop_prob must be in [0, 1]")
-        _check(self.semantic.code_dim == self.quantizer.sem_dim, "semantic.code_dim must equal quantizer.sem_dim")
-        _check(self.pixel.code_dim == self.quantizer.pix_dim, "pixel.code_dim must equal quantizer.pix_dim")
+        require(self.image_size >= self.grid, "image_size must be >= the token grid")
+        require(len(self.scales) >= 1 and list(self.scales) == sorted(set(self.scales)) and self.scales[0] >= 1,
+                f"scales must be strictly increasing positive ints, got {self.scales}")
+        require(self.scales[-1] == self.grid, f"last scale {self.scales[-1]} must equal the token grid {self.grid}")
+        require(0.0 <= self.scale_drop_prob <= 1.0, "scale_drop_prob must be in [0, 1]")
+        require(self.semantic.code_dim == self.quantizer.sem_dim, "semantic.code_dim must equal quantizer.sem_dim")
+        require(self.pixel.code_dim == self.quantizer.pix_dim, "pixel.code_dim must equal quantizer.pix_dim")
 
     @property
     def grid(self) -> int:
@@ -190,7 +187,7 @@ class TokenizerConfig:
                 "sem_decoder": SemDecoderConfig, "loss": LossConfig}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
-        _check(not unknown, f"unknown tokenizer config keys: {sorted(unknown)}")
+        require(not unknown, f"unknown tokenizer config keys: {sorted(unknown)}")
         kwargs = {}
         for key, value in data.items():
             if key in subs:
@@ -226,7 +223,7 @@ def leaf_paths(tree: dict, prefix: str = "") -> list[str]:
 def _build(cls: type, data: dict):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - known
-    _check(not unknown, f"unknown {cls.__name__} keys: {sorted(unknown)}")
+    require(not unknown, f"unknown {cls.__name__} keys: {sorted(unknown)}")
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 

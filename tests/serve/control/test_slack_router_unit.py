@@ -42,7 +42,7 @@ def _replicas(n: int, **stat_fields) -> list[FakeReplica]:
     return [FakeReplica(ReplicaID(f"r{i}", DEP), stats(**stat_fields).to_dict()) for i in range(n)]
 
 
-def _pending(i: int, method: str = "generate", rate: float | None = 8.0) -> PendingRequest:
+def _pending(i: int, method: str = "generate", rate: float = 8.0) -> PendingRequest:
     req = GenerateRequest(f"cmpl-{i}", SamplingParams(max_tokens=8), prompt="x" * 40, rate=rate)
     return PendingRequest(args=[req], kwargs={}, metadata=RequestMetadata(f"req{i}", f"int{i}", call_method=method))
 
@@ -126,9 +126,13 @@ async def test_no_stats_yet_spreads_by_count_and_a_full_replica_goes_last():
 
 
 async def test_the_declared_rate_default_rate_knob_and_malformed_stats():
+    """An HTTP stream without X-Consumption-Rate is routed at the server's default_rate (the edge resolves it); a
+    handle call carries the rate the ingress resolved."""
     router = _router(default_rate=12.5, bytes_per_token=4.0)
-    new = router._new_stream(_pending(0, rate=None))
-    assert (new.rate, new.prompt_tokens) == (12.5, 10)
+    undeclared = _http_pending(0, 128 + 40, rate=None)
+    assert router._new_stream(undeclared, router._http_request(undeclared)).rate == 12.5
+    new = router._new_stream(_pending(0, rate=0.0))
+    assert (new.rate, new.prompt_tokens) == (0.0, 10)
     assert router._new_stream(_pending(0, rate=3.0)).rate == 3.0
     assert router._new_stream(_pending(0, method="stats")) is None
     bad = FakeReplica(ReplicaID("bad", DEP), {"num_running": 1})  # another version's stats: ignored, not misread

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tokenflow_ray.serve.config import ServeConfig
+from tokenflow_ray.serve.config import ServeConfig, serve_engine
 from tokenflow_ray.serve.replica.admission import Admission, working_set_streams
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,20 +19,22 @@ def test_default_config_takes_its_working_set_and_queues_a_quarter_of_it():
 
 
 def test_each_knob_moves_the_derived_concurrency():
-    base = ServeConfig(images=False, num_device_blocks=256, num_host_blocks=768, max_num_seqs=8)
+    pool = dict(num_device_blocks=256, num_host_blocks=768, max_num_seqs=8)
+    base = ServeConfig(images=False, engine=serve_engine(**pool))
     assert base.admission().max_ongoing_requests == 1024 // 32
-    assert ServeConfig(images=False, num_device_blocks=256, num_host_blocks=768, max_num_seqs=8,
-                       expected_stream_tokens=128).admission().max_ongoing_requests == 1024 // 8
-    assert ServeConfig(images=False, num_device_blocks=256, num_host_blocks=1792, max_num_seqs=8
+    assert ServeConfig(images=False, expected_stream_tokens=128, engine=serve_engine(**pool)
+                       ).admission().max_ongoing_requests == 1024 // 8
+    assert ServeConfig(images=False, engine=serve_engine(**{**pool, "num_host_blocks": 1792})
                        ).admission().max_ongoing_requests == 2048 // 32
-    assert ServeConfig(images=False, num_device_blocks=256, num_host_blocks=768, max_num_seqs=8,
-                       block_size=32).admission().max_ongoing_requests == 1024 // 16
+    assert ServeConfig(images=False, engine=serve_engine(**pool, block_size=32)
+                       ).admission().max_ongoing_requests == 1024 // 16
     # A partial block is a whole block: 513 tokens take 33 blocks of 16.
     assert working_set_streams(1024, 4096, 16, 513) == 5120 // 33
 
 
 def test_never_below_the_batch_and_explicit_values_win():
-    small = ServeConfig(images=False, num_device_blocks=64, num_host_blocks=0, max_num_seqs=16)
+    small = ServeConfig(images=False, engine=serve_engine(num_device_blocks=64, num_host_blocks=0,
+                                                          max_num_seqs=16))
     assert small.admission().max_ongoing_requests == 16  # 2 streams' worth of memory; the batch must be fillable
     cfg = ServeConfig(images=False, max_ongoing_requests=70, max_queued_requests=5)
     assert cfg.admission() == Admission(70, 5)
@@ -65,13 +67,14 @@ def test_demo_runs_at_default_admission_and_144_streams_overflow_it():
 
     cfg = DemoConfig()
     sc = cfg.serve_config("tokenflow")
-    assert (sc.max_num_seqs, sc.max_ongoing_requests, sc.max_queued_requests) == (64, None, None)
+    assert (sc.engine.scheduler.max_num_seqs, sc.max_ongoing_requests, sc.max_queued_requests) == (64, None, None)
     assert sc.expected_stream_tokens == len(cfg.prompt(0)) + 2 + cfg.max_tokens
     adm = sc.admission()
     # The burst fits the replica (no 429s at the default 48); three times it overflows replica + queue.
     assert cfg.streams <= adm.max_ongoing_requests < 3 * cfg.streams
     assert adm.max_ongoing_requests + adm.max_queued_requests < 3 * cfg.streams
-    assert adm.max_ongoing_requests > sc.num_device_blocks // -(-sc.expected_stream_tokens // sc.block_size)
+    cache = sc.engine.cache
+    assert adm.max_ongoing_requests > cache.num_device_blocks // -(-sc.expected_stream_tokens // cache.block_size)
     quick = QUICK.serve_config("fcfs").admission()
     assert QUICK.streams <= quick.max_ongoing_requests and QUICK.streams < cfg.streams
 

@@ -133,12 +133,13 @@ class PeerBenchConfig:
         return [StreamSpec(prompt_text(self.seed + 1, i, self.prompt_len), max_tokens=8) for i in range(n)]
 
     def serve_config(self, policy: str):
-        from tokenflow_ray.serve.config import ServeConfig
+        from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
-        return ServeConfig(app_name="peer", model=self.model, dtype="float32", policy=policy,
-                           num_device_blocks=self.kv_blocks, num_host_blocks=self.host_blocks,
-                           block_size=self.block_size, max_num_seqs=self.batch_cap,
-                           max_num_batched_tokens=self.max_num_batched_tokens, num_cpus=self.threads, images=False)
+        return ServeConfig(app_name="peer", num_cpus=self.threads, images=False,
+                           engine=serve_engine(model=self.model, dtype="float32", policy=policy,
+                                               num_device_blocks=self.kv_blocks, num_host_blocks=self.host_blocks,
+                                               block_size=self.block_size, max_num_seqs=self.batch_cap,
+                                               max_num_batched_tokens=self.max_num_batched_tokens))
 
 
 def prompt_text(seed: int, index: int, length: int) -> str:

@@ -96,14 +96,14 @@ class SlackRequestRouter(RequestRouter):
         if http is not None:
             if not http.new_stream:
                 return None
+            # The body's consumption_rate is not here yet: the header's, else the server's default (the edge).
             rate = self.slack.default_rate if http.rate is None else http.rate
             return NewStream(rate, http_prompt_tokens(http.body_bytes, self.slack))
         if pending.metadata.call_method != STREAM_METHOD or not pending.args:
             return None
-        req = pending.args[0]
-        rate = getattr(req, "rate", None)
+        req = pending.args[0]  # a GenerateRequest: its rate was resolved where it came in (the ingress)
         tokens = prompt_tokens_estimate(getattr(req, "prompt", None), getattr(req, "messages", None), self.slack)
-        return NewStream(self.slack.default_rate if rate is None else float(rate), tokens)
+        return NewStream(float(req.rate), tokens)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:

@@ -66,6 +66,7 @@ class IngressSettings:
     api_key: str | None
     central: CentralSettings
     report_retry_s: float = 10.0  # a report is retried this long while the central actor restarts, then 503
+    default_rate: float = 0.0  # ServeConfig.default_rate: the rate of a request that declares none
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -200,7 +201,8 @@ def make_http_class(base: type, routers: Sequence[APIRouter] = ()) -> type:
             except ValueError as exc:
                 raise engine_value_error(exc) from None
             stream_id = self._new_stream_id(prefix)
-            gen = self._open_stream(GenerateRequest(stream_id, sampling, rate=req.consumption_rate, **prompt))
+            rate = self.http.default_rate if req.consumption_rate is None else req.consumption_rate  # resolved here
+            gen = self._open_stream(GenerateRequest(stream_id, sampling, rate=rate, **prompt))
             try:
                 # A handle routes on the first await: a full queue raises BackPressureError here, not at .remote().
                 first = await gen.__anext__()

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class CentralLink:
+    """Reports in, the central table kept current, the central actor's orders taken."""
+
     async def apply_report(self, report: Report) -> bool:
         """A report for one of this replica's streams, applied now; False if the stream is unknown or finished.
         A report the reader model refuses (e.g. more consumed than was generated) raises ValueError."""

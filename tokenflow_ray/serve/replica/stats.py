@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class StatsPublisher:
+    """What Serve and the central actor read about this replica, each from one engine-thread call."""
+
     async def _routing_stats_loop(self) -> None:
         interval = self.settings.routing_stats_interval_s
         while True:

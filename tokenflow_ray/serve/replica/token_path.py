@@ -29,6 +29,8 @@ def _counts(out) -> tuple[int, int]:
 
 
 class TokenPath:
+    """A stream's way from the engine to whoever answers HTTP."""
+
     async def generate(self, req: GenerateRequest, follow_moves: bool = False) -> AsyncIterator[Delta]:
         """The stream's deltas. If it moves to another replica: with `follow_moves` (the ingress placement) the last
         delta from here names the new replica's port and the caller pulls the rest there, so this replica's part
@@ -43,9 +45,7 @@ class TokenPath:
 
         outputs = self.aengine.generate(prompt, req.sampling, stream_id=req.stream_id, on_added=on_added,
                                         rate=req.rate)
-        async for delta in self._deltas(outputs, req.stream_id,
-                                        self.engine.config.default_rate if req.rate is None else req.rate,
-                                        follow_moves):
+        async for delta in self._deltas(outputs, req.stream_id, req.rate, follow_moves):
             yield delta
 
     async def _deltas(self, outputs: AsyncIterator, stream_id: str, rate: float,

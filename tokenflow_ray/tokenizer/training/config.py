@@ -19,15 +19,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenflow_ray.checks import require
 from tokenflow_ray.tokenizer.config import TokenizerConfig, merge_tree
 
 DATA_SOURCES = ("digits", "shapes", "parquet", "images")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True)
@@ -55,17 +51,17 @@ class DataSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.source in DATA_SOURCES, f"data.source must be one of {DATA_SOURCES}, got {self.source!r}")
-        _check(self.source in ("digits", "shapes") or bool(self.path), f"data.source {self.source!r} needs data.path")
+        require(self.source in DATA_SOURCES, f"data.source must be one of {DATA_SOURCES}, got {self.source!r}")
+        require(self.source in ("digits", "shapes") or bool(self.path), f"data.source {self.source!r} needs data.path")
         for name in ("num_images", "num_eval_images", "batch_size", "map_workers", "max_image_pixels",
                      "materialize_max_mb"):
-            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
-                   f"data.{name} must be a positive integer, got {getattr(self, name)!r}")
-        _check(0.0 < self.holdout_fraction < 1.0, f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
-        _check(isinstance(self.local_shuffle_buffer_size, int) and self.local_shuffle_buffer_size >= 0,
-               f"data.local_shuffle_buffer_size must be an integer >= 0, got {self.local_shuffle_buffer_size!r}")
-        _check(0.0 < self.crop_scale_min <= 1.0, f"data.crop_scale_min must be in (0, 1], got {self.crop_scale_min}")
-        _check(self.map_cpus > 0, f"data.map_cpus must be > 0, got {self.map_cpus}")
+            require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                    f"data.{name} must be a positive integer, got {getattr(self, name)!r}")
+        require(0.0 < self.holdout_fraction < 1.0, f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+        require(isinstance(self.local_shuffle_buffer_size, int) and self.local_shuffle_buffer_size >= 0,
+                f"data.local_shuffle_buffer_size must be an integer >= 0, got {self.local_shuffle_buffer_size!r}")
+        require(0.0 < self.crop_scale_min <= 1.0, f"data.crop_scale_min must be in (0, 1], got {self.crop_scale_min}")
+        require(self.map_cpus > 0, f"data.map_cpus must be > 0, got {self.map_cpus}")
 
 
 @dataclass(frozen=True)
@@ -80,16 +76,16 @@ class OptimSettings:
     accum_steps: int = 1
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.accum_steps, int) and self.accum_steps >= 1,
-               f"optim.accum_steps must be an integer >= 1, got {self.accum_steps!r}")
+        require(isinstance(self.accum_steps, int) and self.accum_steps >= 1,
+                f"optim.accum_steps must be an integer >= 1, got {self.accum_steps!r}")
         for name in ("lr", "disc_lr"):
             value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
-                   f"optim.{name} must be a positive number, got {value!r}")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"optim.betas must be two values in "
-                                                                             f"[0, 1), got {self.betas}")
-        _check(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
-        _check(0 <= self.ema_decay < 1, f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
+            require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+                    f"optim.{name} must be a positive number, got {value!r}")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"optim.betas must be two values in "
+                                                                              f"[0, 1), got {self.betas}")
+        require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        require(0 <= self.ema_decay < 1, f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
 
 
 @dataclass(frozen=True)
@@ -101,8 +97,8 @@ class ScheduleSettings:
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "checkpoint_every", "keep_checkpoints"):
-            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
-                   f"schedule.{name} must be a positive integer, got {getattr(self, name)!r}")
+            require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                    f"schedule.{name} must be a positive integer, got {getattr(self, name)!r}")
 
 
 GRAD_COMPRESS = ("none", "bf16")
@@ -135,20 +131,20 @@ class ScalingSettings:
         return "ddp" if self.use_gpu else "flat"
 
     def __post_init__(self) -> None:
-        _check(self.grad_sync in GRAD_SYNC, f"scaling.grad_sync must be one of {GRAD_SYNC}, got {self.grad_sync!r}")
-        _check(self.grad_compress in GRAD_COMPRESS,
-               f"scaling.grad_compress must be one of {GRAD_COMPRESS}, got {self.grad_compress!r}")
-        _check(self.grad_compress == "none" or self.gradient_sync == "flat" or self.use_gpu,
-               "scaling.grad_compress=bf16 under DDP needs a GPU (torch's bf16 hook runs on NCCL only); "
-               "use scaling.grad_sync=flat on CPU")
-        _check(isinstance(self.num_workers, int) and self.num_workers >= 1,
-               f"scaling.num_workers must be an integer >= 1, got {self.num_workers!r}")
-        _check(self.cpus_per_worker > 0, f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
-        _check(self.torch_threads >= 1, f"scaling.torch_threads must be >= 1, got {self.torch_threads}")
-        _check(isinstance(self.max_failures, int) and self.max_failures >= -1,
-               f"scaling.max_failures must be an integer >= -1 (-1 = unlimited), got {self.max_failures!r}")
-        _check(self.placement_strategy in PLACEMENT_STRATEGIES,
-               f"scaling.placement_strategy must be one of {PLACEMENT_STRATEGIES}, got {self.placement_strategy!r}")
+        require(self.grad_sync in GRAD_SYNC, f"scaling.grad_sync must be one of {GRAD_SYNC}, got {self.grad_sync!r}")
+        require(self.grad_compress in GRAD_COMPRESS,
+                f"scaling.grad_compress must be one of {GRAD_COMPRESS}, got {self.grad_compress!r}")
+        require(self.grad_compress == "none" or self.gradient_sync == "flat" or self.use_gpu,
+                "scaling.grad_compress=bf16 under DDP needs a GPU (torch's bf16 hook runs on NCCL only); "
+                "use scaling.grad_sync=flat on CPU")
+        require(isinstance(self.num_workers, int) and self.num_workers >= 1,
+                f"scaling.num_workers must be an integer >= 1, got {self.num_workers!r}")
+        require(self.cpus_per_worker > 0, f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
+        require(self.torch_threads >= 1, f"scaling.torch_threads must be >= 1, got {self.torch_threads}")
+        require(isinstance(self.max_failures, int) and self.max_failures >= -1,
+                f"scaling.max_failures must be an integer >= -1 (-1 = unlimited), got {self.max_failures!r}")
+        require(self.placement_strategy in PLACEMENT_STRATEGIES,
+                f"scaling.placement_strategy must be one of {PLACEMENT_STRATEGIES}, got {self.placement_strategy!r}")
 
 
 @dataclass(frozen=True)
@@ -157,8 +153,8 @@ class RunSettings:
     storage_path: str = "~/tokenflow_runs"  # must be shared storage (NFS, S3) on a multi-node cluster
 
     def __post_init__(self) -> None:
-        _check(bool(self.name) and "/" not in self.name, f"run.name must be a non-empty name, got {self.name!r}")
-        _check(bool(self.storage_path), "run.storage_path must be set")
+        require(bool(self.name) and "/" not in self.name, f"run.name must be a non-empty name, got {self.name!r}")
+        require(bool(self.storage_path), "run.storage_path must be set")
 
     @property
     def storage_dir(self) -> str:
@@ -175,8 +171,8 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         for name in ("num_images", "batch_size"):
-            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
-                   f"eval.{name} must be a positive integer, got {getattr(self, name)!r}")
+            require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                    f"eval.{name} must be a positive integer, got {getattr(self, name)!r}")
 
 
 _SECTIONS = {"data": DataSettings, "optim": OptimSettings, "schedule": ScheduleSettings, "scaling": ScalingSettings,
@@ -195,9 +191,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         loss = self.model.loss
-        _check(loss.lpips_weight == 0 or bool(loss.lpips_path),
-               f"model.loss.lpips_weight is {loss.lpips_weight} but model.loss.lpips_path is not set: give a local "
-               "LPIPS state dict (docs/tokenizer.md: LPIPS) or set model.loss.lpips_weight: 0")
+        require(loss.lpips_weight == 0 or bool(loss.lpips_path),
+                f"model.loss.lpips_weight is {loss.lpips_weight} but model.loss.lpips_path is not set: give a local "
+                "LPIPS state dict (docs/tokenizer.md: LPIPS) or set model.loss.lpips_weight: 0")
 
     def tokenizer_config(self) -> TokenizerConfig:
         return self.model
@@ -221,19 +217,19 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
-        _check(isinstance(data, dict), "a training config must be a mapping of sections")
+        require(isinstance(data, dict), "a training config must be a mapping of sections")
         known = {"model", *_SECTIONS}
         unknown = set(data) - known
-        _check(not unknown, f"unknown config sections {sorted(unknown)}; expected {sorted(known)}")
+        require(not unknown, f"unknown config sections {sorted(unknown)}; expected {sorted(known)}")
         kwargs = {"model": TokenizerConfig.from_overrides(data.get("model"))}
         for name, values in data.items():
             if name == "model":
                 continue
             section = _SECTIONS[name]
-            _check(isinstance(values, dict), f"config section {name!r} must be a mapping")
+            require(isinstance(values, dict), f"config section {name!r} must be a mapping")
             known = {f.name for f in dataclasses.fields(section)}
             bad = set(values) - known
-            _check(not bad, f"unknown keys in {name}: {sorted(bad)}; expected {sorted(known)}")
+            require(not bad, f"unknown keys in {name}: {sorted(bad)}; expected {sorted(known)}")
             kwargs[name] = section(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
         return cls(**kwargs)
 
@@ -245,7 +241,7 @@ def parse_set(items: list[str] | None) -> dict:
     out: dict = {}
     for item in items or []:
         key, sep, text = item.partition("=")
-        _check(bool(sep) and bool(key) and all(key.split(".")), f"--set expects KEY.PATH=VALUE, got {item!r}")
+        require(bool(sep) and bool(key) and all(key.split(".")), f"--set expects KEY.PATH=VALUE, got {item!r}")
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -259,7 +255,7 @@ def parse_set(items: list[str] | None) -> dict:
         node = out
         for part in parents:
             node = node.setdefault(part, {})
-            _check(isinstance(node, dict), f"--set {key}: {part} is set to a value and a mapping")
+            require(isinstance(node, dict), f"--set {key}: {part} is set to a value and a mapping")
         node[leaf] = value
     return out
 
