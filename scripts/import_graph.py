@@ -2,7 +2,8 @@
 
     python scripts/import_graph.py [--root tokenflow_ray] [--json PATH]
 
-Prints the room-level graph (a room is a top-level subpackage or module of the package), the import cycles between
+Prints the room-level graph (a room is a top-level subpackage or module of the package, or a subpackage the order
+declares, such as serve.http), the import cycles between
 modules, the imports that run back up the declared room order (tests/test_layering.py holds it) and the source
 files over the size limit. Every import counts, at module level or inside a function; one under `if TYPE_CHECKING:`
 never runs, so it counts for the layering but not for cycles. A relative import is resolved to its module.
@@ -121,10 +122,17 @@ def module_imports(module: str, path: Path, modules: dict[str, Path], package: s
     return edges
 
 
-def room_of(module: str, package: str) -> str:
-    """`tokenflow_ray.engine.scheduler` -> `engine`; the package's own `__init__` is the room `__init__`."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+def room_of(module: str, rooms: list[str] | None = None) -> str:
+    """The room of `tokenflow_ray.engine.scheduler` is `engine`: its top-level subpackage or module, or the longest
+    declared room it is in (`serve.http` for `tokenflow_ray.serve.http.ingress`); the package's `__init__` is the
+    room `__init__`."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__"
+    for n in range(len(parts), 1, -1):
+        if rooms is not None and ".".join(parts[:n]) in rooms:
+            return ".".join(parts[:n])
+    return parts[0]
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -169,22 +177,23 @@ def analyse(package_dir: Path, order: list[str] | None = None, max_lines: int = 
     """The whole picture; `order` lists the rooms low to high (None: no upward check)."""
     package = package_dir.name
     modules = module_files(package_dir)
+    declared = list(order) if order is not None else None
     edges = [e for m, p in modules.items() for e in module_imports(m, p, modules, package)]
     graph: dict[str, set[str]] = {m: set() for m in modules}
     rooms: dict[str, set[str]] = {}
     for e in edges:
         if not e.type_only:
             graph[e.source].add(e.target)
-        src, dst = room_of(e.source, package), room_of(e.target, package)
+        src, dst = room_of(e.source, declared), room_of(e.target, declared)
         rooms.setdefault(src, set())
         if src != dst:
             rooms[src].add(dst)
     upward, unknown = [], set()
     if order is not None:
         rank = {room: i for i, room in enumerate(order)}
-        unknown = {room_of(m, package) for m in modules} - set(rank)
+        unknown = {room_of(m, declared) for m in modules} - set(rank)
         for e in edges:
-            src, dst = room_of(e.source, package), room_of(e.target, package)
+            src, dst = room_of(e.source, declared), room_of(e.target, declared)
             if src in rank and dst in rank and rank[dst] > rank[src]:
                 upward.append(Upward(e, src, dst))
     long_files = {}
