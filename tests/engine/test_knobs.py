@@ -33,7 +33,7 @@ def test_write_budget_fraction_bounds_write_through_per_step():
 
 def test_a_stream_reads_at_the_rate_it_declares_and_unpaced_without_one():
     """The engine has no default rate: a server resolves its default_rate where a request comes in
-    (tests/serve/http/test_default_rate.py)."""
+    (tests/serve/front/test_default_rate.py)."""
     engine, _ = make_fake_engine()
     assert engine.scheduler.streams[engine.add_request([1, 2], SamplingParams())].rate == 0.0
     assert engine.scheduler.streams[engine.add_request([1, 2], SamplingParams(), rate=12.5)].rate == 12.5

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import RayTaskError
 
-from tests.serve.http.test_errors import FakeGen, delta, events, fake_ingress, generate
+from tests.serve.front.test_errors import FakeGen, delta, events, fake_ingress, generate
 from tokenflow_ray.cluster.messages import StopOrder
 from tokenflow_ray.serve.control.central import CentralScheduler, CentralSettings
 from tokenflow_ray.serve.http.errors import ServerStopping, stream_failure

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.serve.http.test_errors import FakeGen, delta, events
+from tests.serve.front.test_errors import FakeGen, delta, events
 from tokenflow_ray.serve.app import build_app
 from tokenflow_ray.serve.config import ServeConfig
 from tokenflow_ray.serve.control.central import CentralSettings
