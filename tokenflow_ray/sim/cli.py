@@ -5,6 +5,9 @@
     tokenflow simulate --sweep rate|mu|delta_t  the rate sweep 20/25/30 tok/s, μ in {1, 20}, Δt in {0.5, 1, 1.5}
     tokenflow simulate --ablation               Table 2 (4090, setup b)
     tokenflow simulate validate --json P        the real CPU engine against the calibrated simulator
+    tokenflow simulate validate --real R1.json R2.json [--grid G.json] --json P
+                                                real GPU runs replayed on the profile fitted on them
+    tokenflow simulate --gpu h200-measured --setup a --length-scale 0.125    this engine as measured on an H200
     tokenflow simulate scale --streams 10000 --replicas 64
     tokenflow simulate --replicas 4 --router pinned --migration   each policy with and without live migration
 """
@@ -52,6 +55,11 @@ def _simulate(args: argparse.Namespace) -> int:
     migration = _migration_settings(args)  # refused up front where it does not apply
     if args.replica_gpus and args.action != "routing":
         raise ValueError("--replica-gpus: only with `tokenflow simulate routing`")
+    if (args.real or args.grid) and args.action != "validate":
+        raise ValueError("--real, --grid: only with `tokenflow simulate validate`")
+    if args.length_scale != 1.0 and (args.action != "run" or args.table or args.table_from or args.sweep
+                                     or args.ablation):
+        raise ValueError("--length-scale: only with a single setup run")
     if args.action == "validate":
         return _validate(args)
     if args.action == "scale":
@@ -99,7 +107,8 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         out = experiments.run_setup(args.gpu, args.model, args.setup, policies, replicas=args.replicas,
                                     router=args.router, seed=args.seed, rate=args.rate, num_requests=args.requests,
-                                    checks=not args.no_checks, progress=progress, migration=migration)
+                                    checks=not args.no_checks, progress=progress, migration=migration,
+                                    length_scale=args.length_scale)
         print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{args.replicas}")
         _print_policies(out["policies"])
         if migration is not None:
@@ -135,6 +144,18 @@ def _migration_settings(args: argparse.Namespace):
 
 def _validate(args: argparse.Namespace) -> int:
     from tokenflow_ray.bench.cli import write_json
+
+    if args.real:
+        import json
+        from pathlib import Path
+
+        from tokenflow_ray.sim.validate_real import print_validate_real, validate_real
+
+        grid = json.loads(Path(args.grid).read_text()) if args.grid else None
+        out = validate_real(args.real, grid=grid, checks=not args.no_checks)
+        print_validate_real(out)
+        write_json(args.json, out)
+        return 0
     from tokenflow_ray.sim.validate import ValidateConfig, print_validation, run_validation
 
     cfg = ValidateConfig(num_streams=args.streams or 40, seed=args.seed)
@@ -175,7 +196,7 @@ def _routing(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tokenflow_ray.sim.hardware import GPU_NAMES, MODEL_NAMES
+    from tokenflow_ray.sim.hardware import MODEL_NAMES, PROFILE_NAMES
     from tokenflow_ray.sim.setups import DEFAULT_RATE, SETUP_NAMES
     from tokenflow_ray.sim.simulator import ROUTERS
 
@@ -184,13 +205,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", nargs="?", default="run", choices=("run", "validate", "scale", "routing"),
                    help="run (default): a setup; validate: CPU engine vs calibrated sim; scale: a large cluster; "
                         "routing: slack, pow2 and round_robin on the same requests (--replica-gpus, --setup a,d)")
-    p.add_argument("--gpu", default=None, choices=GPU_NAMES, help="default h200 (4090 with --ablation)")
+    p.add_argument("--gpu", default=None, choices=PROFILE_NAMES,
+                   help="default h200 (4090 with --ablation); h200-measured: this engine as measured on an H200")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="prompt and output lengths x this (rounded, at least 8 / 16 tokens), KV pools with them: "
+                        "0.125 is how the H200 runs at 1/8 were made")
+    p.add_argument("--real", nargs="+", default=None, metavar="RUN.json",
+                   help="validate: real GPU serving runs (the format of ../shared/data/h200/setup_a_eighth_*.json) "
+                        "to calibrate on and replay")
+    p.add_argument("--grid", default=None, metavar="GRID.json",
+                   help="validate --real: a step grid (step_grid.json) to check the fitted law against")
     p.add_argument("--model", default="llama3-8b", choices=MODEL_NAMES)
     p.add_argument("--setup", default=None,
                    help=f"Table 1 setup (serving-paper.md §5), one of {', '.join(SETUP_NAMES)}; default a (b with "
                         "--ablation); routing: a comma-separated list (default a,d)")
     p.add_argument("--replica-gpus", default=None,
-                   help=f"routing: one device per replica, comma-separated ({', '.join(GPU_NAMES)}), e.g. "
+                   help=f"routing: one device per replica, comma-separated ({', '.join(PROFILE_NAMES)}), e.g. "
                         "h200,h200,a6000,a6000; default --replicas (at least 2) of --gpu")
     p.add_argument("--policy", default="fcfs,andes,tokenflow", help="comma-separated policies")
     p.add_argument("--replicas", type=int, default=1)

@@ -36,8 +36,8 @@ device set turning as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 
 from tokenflow_ray.engine.policies.base import SchedulerView, SchedulingPolicy, arrival_key, waited_s
 from tokenflow_ray.engine.stream import Stream, StreamStatus
@@ -66,6 +66,20 @@ class TokenFlowConfig:
             raise ValueError(f"tokenflow.pace_slack: must be in [0, 1], got {self.pace_slack!r}")
         if not (math.isfinite(self.gamma) and self.gamma >= 0):
             raise ValueError(f"tokenflow.gamma: must be >= 0, got {self.gamma!r}")
+
+    @classmethod
+    def as_run(cls, given: Mapping[str, object]) -> TokenFlowConfig:
+        """The config a recorded run used, from the fields it recorded: a field it does not name did not exist
+        when it ran and takes the value that behaves as before it existed (`AS_BEFORE`), so the simulator
+        replays an old run with the code that made it."""
+        known = {f.name for f in fields(cls)}
+        if unknown := set(given) - known:
+            raise ValueError(f"tokenflow config: unknown fields {sorted(unknown)}")
+        return cls(**{**AS_BEFORE, **given})
+
+
+# Fields added after the first GPU runs (commit 5e9bf8e), with the value that behaves as the code did before them.
+AS_BEFORE: dict[str, object] = {}
 
 
 class TokenFlowPolicy(SchedulingPolicy):
