@@ -54,6 +54,12 @@ class TokenFlowConfig:
     overload_margin: float = 2.0  # fall back to FCFS when the working set's Σ rates > margin × Γ (docstring)
     pace: bool = False  # [extension] deadline-aware pacing (module docstring); off: see README
     pace_slack: float = 0.05  # paced generation may end this fraction of the time to D after D
+    capacity_from: str = "decode_steps"  # Γ from: decode steps' own clipped model | all steps (cost_model.py)
+    overload_hysteresis: float = 0.1  # leave the FCFS fallback at Σ rates < (1 - this) x margin x Γ
+    growth_reserve: bool = True  # in the FCFS fallback, admissions leave room for the running set's growth until Δt
+    ranking: str = "tiers"  # utility: by utility alone | tiers: due, then full-value running, then ... (rank())
+    switch_link_share: float | None = 0.25  # reloads a rebalance starts: at most this share of the link for Δt
+    recompute_weight: str = "batch"  # resume_by_load: t_recompute counts once ("one") or for the batch it delays
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
@@ -66,6 +72,17 @@ class TokenFlowConfig:
             raise ValueError(f"tokenflow.pace_slack: must be in [0, 1], got {self.pace_slack!r}")
         if not (math.isfinite(self.gamma) and self.gamma >= 0):
             raise ValueError(f"tokenflow.gamma: must be >= 0, got {self.gamma!r}")
+        if self.capacity_from not in ("decode_steps", "all_steps"):
+            raise ValueError(f"tokenflow.capacity_from: decode_steps or all_steps, got {self.capacity_from!r}")
+        if self.switch_link_share is not None and not (math.isfinite(self.switch_link_share)
+                                                       and self.switch_link_share > 0):
+            raise ValueError(f"tokenflow.switch_link_share: None or > 0, got {self.switch_link_share!r}")
+        if self.recompute_weight not in ("one", "batch"):
+            raise ValueError(f"tokenflow.recompute_weight: one or batch, got {self.recompute_weight!r}")
+        if self.ranking not in ("utility", "tiers"):
+            raise ValueError(f"tokenflow.ranking: utility or tiers, got {self.ranking!r}")
+        if not 0 <= self.overload_hysteresis < 1:
+            raise ValueError(f"tokenflow.overload_hysteresis: must be in [0, 1), got {self.overload_hysteresis!r}")
 
     @classmethod
     def as_run(cls, given: Mapping[str, object]) -> TokenFlowConfig:
@@ -79,7 +96,8 @@ class TokenFlowConfig:
 
 
 # Fields added after the first GPU runs (commit 5e9bf8e), with the value that behaves as the code did before them.
-AS_BEFORE: dict[str, object] = {}
+AS_BEFORE: dict[str, object] = {"capacity_from": "all_steps", "overload_hysteresis": 0.0, "growth_reserve": False,
+                                "ranking": "utility", "switch_link_share": None, "recompute_weight": "one"}
 
 
 class TokenFlowPolicy(SchedulingPolicy):
@@ -89,6 +107,7 @@ class TokenFlowPolicy(SchedulingPolicy):
 
     def __init__(self, config: TokenFlowConfig | None = None) -> None:
         self.config = config or TokenFlowConfig()
+        self._horizon = 0  # tokens a running stream adds before the next rebalance (growth_reserve)
         self._last_rebalance = -math.inf
         self.overloaded = False
         self.deadline = -math.inf  # D (pacing)
@@ -105,17 +124,51 @@ class TokenFlowPolicy(SchedulingPolicy):
         penalty = math.exp(-s.buffer_s(view.now) / c.t_critical)
         return c.gamma * penalty + self._next_token_value(s, view) * waited_s(s, view.now) / c.delta_t
 
+    def tier(self, s: Stream, view: SchedulerView) -> int:
+        """Who holds the device, before utility (ranking="tiers"): 4 a stream that is due (never started, or paused
+        with its reader's buffer under its lead), 3 a running stream whose next token has full value (buffer under
+        10% of its length), 2 a paused stream whose next token would, 1 a running stream ahead of that, 0 the rest.
+        A running stream thus keeps its place until a due stream needs it or its tokens lose value while a paused
+        one's would not: the set turns when readers need it, not every Δt."""
+        if s.rate == 0:
+            return 4
+        running = s.status in (StreamStatus.RUNNING, StreamStatus.LOADING)
+        if not running and (s.first_token_time is None or s.buffer_s(view.now) < self.lead_s(s, view)):
+            return 4
+        full = self._next_token_value(s, view) >= 1.0
+        return (3 if full else 1) if running else (2 if full else 0)
+
+    def lead_s(self, s: Stream, view: SchedulerView) -> float:
+        """How long before its reader runs dry a paused stream must be chosen to come back in time: μ x (its
+        resume, by reload or recompute, + the wait for the next rebalance)."""
+        cost = view.cost
+        resume = min(cost.t_copy(view.blocks(s.num_tokens)), cost.t_recompute(s.num_tokens))
+        return self.config.mu * (resume + self.config.delta_t)
+
+    def capacity(self, view: SchedulerView) -> float:
+        """Γ at the batch the device can hold, from the step-time model: not the batch this policy chose to run,
+        which would make a policy that runs few streams measure little capacity and keep running few."""
+        if self.config.capacity_from == "decode_steps":
+            return view.cost.decode_step_capacity_tok_s(view.max_device_batch)
+        return view.cost.decode_capacity_tok_s(view.max_device_batch)
+
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
-        # Γ at the batch the device can hold, from the step-time model: not the batch this policy chose to run,
-        # which would make a policy that runs few streams measure little capacity and keep running few.
-        capacity = view.cost.decode_capacity_tok_s(view.max_device_batch)
-        self.overloaded = view.sum_rate > self.config.overload_margin * capacity
+        c = self.config
+        limit = c.overload_margin * self.capacity(view)
+        # Past margin x Γ the fallback holds until the demand is back under (1 - hysteresis) of it: a Γ that moves
+        # by a few percent must not flip the policy (each flip re-ranks every stream and churns the device set).
+        self.overloaded = view.sum_rate > (limit * (1 - c.overload_hysteresis) if self.overloaded else limit)
+        self.reserve_on_resume = c.growth_reserve and self.overloaded
+        if c.growth_reserve:
+            self._horizon = min(view.block_size, max(1, math.ceil(c.delta_t / max(view.cost.step_s, 1e-4))))
         # D uses the throughput at the batches actually run: Γ at max_num_seqs overstates it when memory keeps
         # the batch small, and an early D only disables pacing.
         if self.config.pace:
             self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
         if self.overloaded:
             return sorted(streams, key=arrival_key)
+        if c.ranking == "tiers":
+            return sorted(streams, key=lambda s: (-self.tier(s, view), -self.utility(s, view), -s.rate, arrival_key(s)))
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
 
     @property
@@ -185,6 +238,11 @@ class TokenFlowPolicy(SchedulingPolicy):
         0.33-0.40x fcfs's raw throughput; a reload the buffer hides costs the reader nothing."""
         if stream.rate > 0 and t_io <= stream.buffer_s(view.now):
             return True
+        if self.config.recompute_weight == "batch":
+            # [departure] A recompute holds up every stream of the batch for t_recompute, a reload only this one
+            # for t_IO (its blocks wait idle): reload unless it is slower by more than the batch. On the measured
+            # H200 engine with new shapes free, the stream-alone rule recomputed 376k tokens for 208k of output.
+            return t_io <= view.max_device_batch * t_recompute
         return t_io <= t_recompute
 
     def may_preempt(self, stream: Stream, view: SchedulerView) -> bool:
@@ -193,6 +251,30 @@ class TokenFlowPolicy(SchedulingPolicy):
         return stream.buffer_s(view.now) >= self.config.mu * self.switch_cost_s(stream, view)
 
     # ---- step 1: working set ------------------------------------------------------------------------------
+    def load_budget_blocks(self, view: SchedulerView) -> float:
+        """The rotation rate against the copy budget: the reloads one rebalance starts may take at most
+        `switch_link_share` of the host link's time until the next one. A reloading stream holds its device blocks
+        and decodes nothing until its last block lands, and the reloads queue behind one another."""
+        share = self.config.switch_link_share
+        if share is None:
+            return float("inf")
+        cost = view.cost
+        return max(1.0, share * self.config.delta_t * cost.copy_bytes_per_s / cost.block_bytes)
+
+    def reserve_tokens(self, running: Sequence[Stream]) -> int:
+        """The FCFS fallback's memory-aware admission (growth_reserve, paper §4.3): the running streams' growth
+        until the next rebalance stays free, so a resume or an admission does not force a stream out at the next
+        block boundary. Outside the fallback a stream that needs room gets it from the rebalance, which pauses
+        the running streams with the most buffer: holding memory back there only delays newcomers."""
+        if not (self.config.growth_reserve and self.overloaded):
+            return 0
+        return sum(self.growth_tokens(s) for s in running)
+
+    def growth_tokens(self, stream: Stream) -> int:
+        if not (self.config.growth_reserve and self.overloaded):
+            return 0
+        return min(self._horizon, max(0, stream.sampling.max_tokens - stream.num_output_tokens))
+
     def admission_limit(self, view: SchedulerView) -> float:
         if self.overloaded:  # FCFS fallback: no new streams parked beside the ones already admitted
             return max(view.num_working, 1)
@@ -204,8 +286,7 @@ class TokenFlowPolicy(SchedulingPolicy):
         n = view.num_working
         w_sched = w_static - self.config.lam * (w_static - n) if n < w_static else float(w_static)
         if view.mean_rate > 0:
-            capacity = view.cost.decode_capacity_tok_s(view.max_device_batch)
-            w_sched = min(w_sched, self.config.overload_margin * capacity / view.mean_rate)
+            w_sched = min(w_sched, self.config.overload_margin * self.capacity(view) / view.mean_rate)
         return max(w_sched, 1.0)  # an empty working set always takes one stream: never a deadlock
 
     def refine(self, chosen: list[Stream], ranked: Sequence[Stream], view: SchedulerView) -> list[Stream]:
