@@ -3,7 +3,7 @@ for ../shared/data/h200/setup_a_eighth_*.json, which CI does not have."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from tokenflow_ray.bench.workloads import RequestSpec
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -34,8 +34,9 @@ def engine(policy: str, device_blocks: int = 80, host_blocks: int = 320) -> Engi
 
 
 def make_run(policy: str, requests: list[RequestSpec] | None = None, law: CalibratedStepCost = LAW,
-             cold: ColdStart = COLD, link: HostLink = LINK) -> dict:
-    """The run as a real driver would record it: the standard warm-up first (not recorded), then every step timed."""
+             cold: ColdStart = COLD, link: HostLink = LINK, record_config: bool = True) -> dict:
+    """The run as a real driver would record it: the standard warm-up first (not recorded), then every step timed,
+    and the policy config it ran (`engine.tokenflow`) unless `record_config` is off (as in the first H200 runs)."""
     requests = requests or burst()
     cfg = engine(policy)
     sim = Simulation(ReplicaSetup(cfg, INFO, law, link, cold=cold), checks=True, integrity=True)
@@ -51,7 +52,8 @@ def make_run(policy: str, requests: list[RequestSpec] | None = None, law: Calibr
         "engine": {"block_size": c.block_size, "num_device_blocks": c.num_device_blocks,
                    "num_host_blocks": c.num_host_blocks, "max_num_seqs": s.max_num_seqs,
                    "max_num_batched_tokens": s.max_num_batched_tokens, "policy": policy,
-                   "kv_bytes_per_token": KV_BYTES, "write_through": True, "overlap_copies": True},
+                   "kv_bytes_per_token": KV_BYTES, "write_through": True, "overlap_copies": True,
+                   **({"tokenflow": asdict(s.tokenflow)} if record_config else {})},
         "samples_columns": ["decodes", "prefill_tokens", "decode_context", "prefill_pairs", "sampled", "step_s"],
         "samples": [[st.shape.decodes, st.shape.prefill_tokens, st.shape.decode_context, st.shape.prefill_pairs,
                      st.shape.sampled, st.step_s] for st in runner.step_log],

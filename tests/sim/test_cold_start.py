@@ -104,3 +104,15 @@ def test_simulate_runs_the_measured_profile_at_a_length_scale(tmp_path):
     assert run["setup"]["length_scale"] == 0.125 and run["setup"]["num_requests"] == 12
     assert run["policies"]["tokenflow"]["num_finished"] == 12 and run["policies"]["fcfs"]["completion_s"] > 0
     assert main(["simulate", "--table", "--length-scale", "0.5", "--no-progress"]) == 2  # one setup only
+
+
+
+def test_what_if_takes_one_cost_out_of_the_measured_engine():
+    free = gpu_replica_setup("h200-measured", "llama3-8b", "tokenflow", what_if=("no_shape_cost", "fcfs_law"))
+    m = MEASURED["h200-measured"]
+    assert free.cold.decode_shape_s == free.cold.prefill_shape_s == 0.0 and free.cold.first_step_s == m.first_step_s
+    assert free.cost.fit.fixed_s == m.laws["fcfs"][0]
+    with pytest.raises(ValueError, match="measured profile"):
+        gpu_replica_setup("h200", "llama3-8b", "tokenflow", what_if=("fcfs_law",))
+    with pytest.raises(ValueError, match="unknown"):
+        gpu_replica_setup("h200-measured", "llama3-8b", "tokenflow", what_if=("faster",))

@@ -31,7 +31,9 @@ def test_the_reader_takes_the_format_and_leaves_other_keys(runs):
     assert run.requests[3].prompt_len == data["request_list"][3][2] and run.requests[3].rate == 20.0
     assert run.engine.cache.num_device_blocks == 80 and run.engine.cache.num_host_blocks == 320
     assert run.engine.scheduler.policy == "tokenflow" and run.engine.scheduler.max_num_batched_tokens == 512
-    assert run.engine.scheduler.tokenflow == TokenFlowConfig.as_run({})  # the run named no config: its defaults
+    assert run.engine.scheduler.tokenflow == TokenFlowConfig()  # the config the run recorded
+    unrecorded = parse_real_run({**data, "engine": {k: v for k, v in data["engine"].items() if k != "tokenflow"}})
+    assert unrecorded.engine.scheduler.tokenflow == TokenFlowConfig(**AS_BEFORE)  # the first GPU runs' policy
     assert len(run.samples) == len(data["samples"]) and run.samples[0][1] == data["samples"][0][5]
     assert run.copy_bytes_s == LINK.bytes_s and run.warmup is None
     assert run.info.kv_bytes_per_token == 131_072

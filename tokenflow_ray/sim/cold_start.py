@@ -1,15 +1,15 @@
 """What a step of the measured engine pays beyond its step law because something is not yet warm.
 
 Measured on the H200 runs of this engine (../shared/data/h200/, torch SDPA, no CUDA graphs):
-- **New attention shapes.** A step whose attention shapes the process had not run before took ~56-78 ms more than
+- **New attention shapes.** A step whose attention shapes the process had not run before took ~56-61 ms more than
   the same step at a known shape. The fcfs run's plans replay exactly in the simulator (fcfs decides nothing from
   the clock), so every real step's shapes are known: of its 3,327 decode-only steps 411 were slow (> 45 ms against
   ~18 ms) and 410 were the first at their (batch, table width) pair; none of the first-seen ones was fast. A decode
   step's attention shape is its batch D and the width W of the gathered block tables (the longest context's
   blocks: runner/step_state.py pads every row to it); a prefill chunk's is its length (a whole prompt, causal) or
   its length and context (a later chunk or a recompute, against the pool). Which cache it is (a cuDNN SDPA graph
-  per shape, or kernel re-selection) the run cannot tell. tokenflow's rotation paid it 843 times (66 s of its 144 s
-  run) against fcfs's 527 (40 s).
+  per shape, or kernel re-selection) the run cannot tell. tokenflow's rotation paid it in 842 steps (65 s of its 144 s
+  run) against fcfs's 526 (39 s).
 - **The process's first step** (kernels loaded on first use): the step grid's first step, 0.56 s for a 512-token
   prompt, ~0.47 s more than the law and a new shape price. A run's standard warm-up pays it.
 - **Pace over time.** Warm steps switch between two paces, ~17 ms and ~29 ms at the same batch (fcfs), in stretches

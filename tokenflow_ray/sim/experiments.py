@@ -58,11 +58,11 @@ def simulate_policy(gpu: str, model: str, policy: str, requests: Sequence[Reques
                     cache_overrides: dict | None = None, checks: bool = True, integrity: bool = False,
                     seed: int = 0, progress: Progress = None, migration: MigrationSettings | None = None,
                     migration_on: bool = True, migration_link: MigrationLink | None = None,
-                    length_scale: float = 1.0) -> dict:
+                    length_scale: float = 1.0, what_if: tuple[str, ...] = ()) -> dict:
     """One policy on `requests`. A measured engine profile (hardware.MEASURED) first runs the standard warm-up, as
     its real runs did (the engine's learnt costs start from it)."""
     setup = gpu_replica_setup(gpu, model, policy, tokenflow, cache_overrides, num_requests=len(requests),
-                              length_scale=length_scale)
+                              length_scale=length_scale, what_if=what_if)
     sim = Simulation(setup, num_replicas=replicas, router=router, checks=checks, integrity=integrity, seed=seed,
                      migration=migration, migration_on=migration_on, migration_link=migration_link)
     start = 0.0
@@ -87,7 +87,8 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
               router: str = "slack", seed: int = 0, rate: float = DEFAULT_RATE, num_requests: int | None = None,
               tokenflow: TokenFlowConfig | None = None, checks: bool = True,
               progress: Callable[[str], Progress] | None = None, migration: MigrationSettings | None = None,
-              migration_link: MigrationLink | None = None, length_scale: float = 1.0) -> dict:
+              migration_link: MigrationLink | None = None, length_scale: float = 1.0,
+              what_if: tuple[str, ...] = ()) -> dict:
     setup = paper_setup(gpu, name)
     dep = deployment(gpu, model)
     requests = setup_requests(setup, seed=seed, rate=rate, num_requests=num_requests,
@@ -98,14 +99,15 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
         results[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
                                           checks=checks, seed=seed, progress=bar, migration=migration,
                                           migration_on=False, migration_link=migration_link,
-                                          length_scale=length_scale)
+                                          length_scale=length_scale, what_if=what_if)
         if migration is not None:
             bar = progress(f"{policy}+migration") if progress is not None else None
             moved[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
                                             checks=checks, seed=seed, progress=bar, migration=migration,
-                                            migration_link=migration_link, length_scale=length_scale)
+                                            migration_link=migration_link, length_scale=length_scale,
+                                            what_if=what_if)
     out = {"setup": {**setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
-                     "length_scale": length_scale},
+                     "length_scale": length_scale, "what_if": list(what_if)},
            "policies": results, "ours": ratios(results), "paper": paper_figures(setup)}
     if migration is not None:
         out["migration"] = {"settings": asdict(migration), "link": asdict(migration_link or MigrationLink()),

@@ -112,16 +112,29 @@ def model_info(dep: Deployment) -> ModelInfo:
                      kv_bytes_per_token=m.kv_bytes_per_token)
 
 
+WHAT_IFS = ("no_shape_cost", "fcfs_law")  # measured profiles: the engine with one of its costs removed
+
+
 def gpu_replica_setup(gpu: str, model: str, policy: str, tokenflow: TokenFlowConfig | None = None,
                       cache_overrides: dict | None = None, num_requests: int = 10_000,
-                      length_scale: float = 1.0) -> ReplicaSetup:
+                      length_scale: float = 1.0, what_if: tuple[str, ...] = ()) -> ReplicaSetup:
+    """`what_if` (measured profiles only): `no_shape_cost`, new attention shapes free (an engine with bucketed
+    shapes); `fcfs_law`, every policy at fcfs's per-step law (its planning and copy overheads at fcfs's)."""
     dep = deployment(gpu, model)
     engine = engine_config(dep, gpu, policy, tokenflow, cache_overrides, num_requests, length_scale)
+    if unknown := set(what_if) - set(WHAT_IFS):
+        raise ValueError(f"what_if: unknown {sorted(unknown)}; choose from {', '.join(WHAT_IFS)}")
     if gpu in MEASURED:
         m = MEASURED[gpu]
+        if "no_shape_cost" in what_if:
+            m = replace(m, decode_shape_s=0.0, prefill_shape_s=0.0)
+        if "fcfs_law" in what_if:
+            m = replace(m, laws=MappingProxyType({p: m.laws["fcfs"] for p in m.laws}))
         cache = replace(engine.cache, num_host_blocks=m.host_pool_factor * engine.cache.num_device_blocks)
         return measured_replica_setup(m, replace(engine, cache=replace(cache, **(cache_overrides or {}))),
                                       model_info(dep))
+    if what_if:
+        raise ValueError(f"what_if: only with a measured profile ({', '.join(MEASURED)})")
     return ReplicaSetup(engine=engine, info=model_info(dep), cost=RooflineStepCost(dep), link=HostLink.of(dep),
                         cpu_overhead_s=SCHEDULER_OVERHEAD_S[policy])
 

@@ -7,13 +7,6 @@ its current size N towards W_static at a damped rate. It is also capped by capac
 reach `overload_margin` × Γ (Γ: the decode capacity at the batch the device holds, cost_model.py); past that the
 policy falls back to FCFS with memory-aware admission and admits nobody new (§4.3, Eq. 6).
 
-[departure] The paper falls back at Σ rates > Γ. We fall back only at 2Γ by default: in a modest overload a
-newcomer's first token costs one prefill, while waiting for a whole stream to finish costs it seconds (tens at the
-paper's lengths: the SGLang TTFT the paper sets out to fix), and buffer balancing shares the shortfall among all
-readers. Beyond 2Γ every reader would get under half its rate; then FCFS serves the admitted ones well instead of
-all of them badly. Measured on the policy sweep (README): at 1.0-1.5x of Γ this keeps P99 TTFT at the prefill
-time and effective throughput near raw, and the price is stall time spread over the readers.
-
 Step 2, buffer balancing: streams are ranked by utility γ·e^(−b/T_critical) + v·t'/Δt (b: seconds of buffer the
 reader holds, normalised as the paper's notes advise; t': time kept off the device; v: the value of the stream's
 next token, its effective-throughput weight), higher rate breaking ties.
@@ -21,8 +14,37 @@ The greedy device set takes streams in that order while they fit; an adjacent-sw
 a smaller neighbour when that lets one more stream fit without displacing a buffer-critical one. A running
 stream outside the set is paused only if its buffer covers the switch: b ≥ μ·(τ_evict + τ_load + τ_schedule).
 The set is re-chosen every Δt, and only under stress (a stream waits, or some buffer is below T_critical).
-A paused stream comes back by reloading its host copy whenever its reader's buffer covers the reload, else by
-whichever of reload and recompute is sooner (`resume_by_load`, a departure from §4.2.3 explained there).
+
+The GPU regimes (issue 35; figures from the simulator, docs/results/simulator.md, tokenflow / fcfs, the
+fields' values before them in `AS_BEFORE`, which the first H200 runs used):
+- [departure] Ranking by tiers (`ranking`, `tier()`): who holds the device is decided first by need, then by
+  utility: a due stream (never started, or paused with its reader's buffer under its lead μ·(resume + Δt)), a
+  running stream whose next token has full value, a paused one whose would, a running one ahead of that, the rest.
+  With the utility alone, a stream paused for one Δt outranked every running stream holding any buffer, so each
+  rebalance swapped about half the device set and reloaded whole contexts: H200 (b) moved 8.6 TB from the host,
+  raw 0.77x; by tiers 0.39 TB, raw 1.09x (P99 TTFT 0.044x either way). The price is effective throughput where
+  the engine has capacity to spare (H200 (b): 3.15x -> 1.45x): streams run ahead of their readers, while the old
+  rotation held every buffer low by throttling the engine with copies.
+- [extension] A rebalance starts reloads for at most `switch_link_share` of the host link's time until the next
+  one (`load_budget_blocks`): a reloading stream holds its blocks and decodes nothing until its last block lands.
+- [departure] Γ from decode steps alone (`capacity_from`): the step-time fit over all steps spread the GPU engine's
+  cold prefill steps (~61 ms a new prompt length) over its other terms, and its Γ swung from 0.5k to 3k tok/s in
+  the first seconds of the H200 run; with one-off steps clipped (cost_model.py) it holds. With
+  `overload_hysteresis` the fallback is left only at (1 − h)·margin·Γ: a Γ that moves by a few percent no longer
+  flips the policy (each flip re-ranks every stream). On the 4090's Poisson (c) the two cut recompute 370k -> 106k
+  tokens, raw 1.00x -> 1.06x.
+- The FCFS fallback's memory-aware admission (§4.3; `growth_reserve`): admissions and resumes leave the running
+  streams' growth until the next rebalance free. Without it the fallback packed the pool full and forced a stream
+  out at every block boundary: the measured H200 engine, (a) at 1/8, P99 TTFT 1.08x -> 0.94x.
+- [departure] Resume by reload unless a recompute is sooner by more than the batch it holds up
+  (`resume_by_load`, `recompute_weight`).
+
+[departure] Overload: the paper falls back at Σ rates > Γ. We fall back only at 2Γ by default: in a modest overload a
+newcomer's first token costs one prefill, while waiting for a whole stream to finish costs it seconds (tens at the
+paper's lengths), and buffer balancing shares the shortfall among all readers. Beyond 2Γ every reader would get
+under half its rate; then FCFS serves the admitted ones well instead of all of them badly. The price is stall time:
+in a sustained overload (the 4090's Poisson setups, 5-10x) the working set stays at 2Γ/r streams that each read at
+half their rate, 29k s of stall against fcfs's 19 s, for P99 TTFT 0.66x.
 
 [extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
 (paper §7.1.3: weight 0 once the buffer passes 20% of the length). D is when a work-conserving engine at its realized
@@ -229,19 +251,21 @@ class TokenFlowPolicy(SchedulingPolicy):
         return evict + load + self.config.delta_t
 
     def resume_by_load(self, stream: Stream, t_io: float, t_recompute: float, view: SchedulerView) -> bool:
-        """Reload whenever the reader's buffer covers the reload; otherwise the sooner of the two (paper §4.2.3).
+        """Reload whenever the reader's buffer covers the reload; otherwise reload unless a recompute is sooner by
+        more than the batch it holds up (paper §4.2.3: the sooner of the two).
 
         [departure] The paper recomputes whenever t_IO > t_recompute. But a recompute spends the device's compute,
-        which every running stream's next token waits on, while a reload spends only the copy link beside it; and
-        the queue-aware t_IO is long exactly when a rebalance has just paused and resumed many streams at once.
-        With the paper's rule the H200 profile (docs/sim/README.md) recomputed 14x its setup's output and ran at
-        0.33-0.40x fcfs's raw throughput; a reload the buffer hides costs the reader nothing."""
+        which every running stream's next token waits on, while a reload spends only the copy link beside it (and
+        the reloading stream's own blocks); and the queue-aware t_IO is long exactly when many streams resume at
+        once. With the paper's rule the H200 profile recomputed 14x its setup's output and ran at 0.33-0.40x fcfs's
+        raw throughput (docs/sim/README.md); a reload the buffer hides costs the reader nothing. When the buffer
+        does not cover it (deep overload: every buffer is empty), `recompute_weight="batch"` weighs the recompute
+        by the batch it delays, t_IO <= B·t_recompute with B the streams the device holds: on the measured H200
+        engine, (a) at 1/8, the stream-alone rule still recomputed 40k tokens (376k of 208k output when new shapes
+        cost nothing) and this one none, raw 0.81x -> 0.87x."""
         if stream.rate > 0 and t_io <= stream.buffer_s(view.now):
             return True
         if self.config.recompute_weight == "batch":
-            # [departure] A recompute holds up every stream of the batch for t_recompute, a reload only this one
-            # for t_IO (its blocks wait idle): reload unless it is slower by more than the batch. On the measured
-            # H200 engine with new shapes free, the stream-alone rule recomputed 376k tokens for 208k of output.
             return t_io <= view.max_device_batch * t_recompute
         return t_io <= t_recompute
 
