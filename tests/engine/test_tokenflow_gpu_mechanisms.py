@@ -206,3 +206,27 @@ def test_rotation_by_need_keeps_raw_throughput_where_the_old_rotation_lost_it():
     assert new["num_finished"] == old["num_finished"] == 60
     for s in (old, new):
         assert s["total_tokens"] == fcfs["total_tokens"]
+
+
+def test_the_fused_ranking_key_orders_as_tier_then_utility():
+    """rank() computes tier and utility in one pass per stream (it runs every step): the same order as the two
+    methods, over running, paused (due or not), new and unpaced streams."""
+    engine, _ = make_fake_engine(num_blocks=40, block_size=4, num_host_blocks=512, policy="tokenflow",
+                                 max_num_seqs=8, tokenflow=TokenFlowConfig(delta_t=0.1))
+    sched = engine.scheduler
+    rng = random.Random(5)
+    for i in range(14):
+        engine.add_request([i + 1] * rng.randint(4, 20), SamplingParams(max_tokens=rng.randint(40, 200)),
+                           rate=rng.choice([0.0, 2.0, 5.0, 20.0]))
+    for step in range(60):
+        step_engine(engine)
+        if step % 7 == 3:  # pause a running stream now and then, so paused ones of every age are about
+            running = [s for s in sched.streams.values() if s.status.name == "RUNNING"]
+            if running:
+                sched.preempt(rng.choice(running).stream_id, engine.clock.now())
+        policy, view = sched.policy, sched.view(engine.clock.now())
+        live = list(sched.streams.values())
+        expected = sorted(live, key=lambda s: (-policy.tier(s, view), -policy.utility(s, view), -s.rate,
+                                               s.arrival_time, s.stream_id))
+        assert [s.stream_id for s in policy.rank(live, view)] == [s.stream_id for s in expected] or \
+            policy.overloaded

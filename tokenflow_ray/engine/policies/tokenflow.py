@@ -190,8 +190,41 @@ class TokenFlowPolicy(SchedulingPolicy):
         if self.overloaded:
             return sorted(streams, key=arrival_key)
         if c.ranking == "tiers":
-            return sorted(streams, key=lambda s: (-self.tier(s, view), -self.utility(s, view), -s.rate, arrival_key(s)))
+            return sorted(streams, key=self._tiered_key(view))
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
+
+    def _tiered_key(self, view: SchedulerView):
+        """rank()'s key for ranking="tiers": (−tier, −utility, −rate, arrival), the reader queried once per stream
+        and the step's costs read once (rank runs every step over every live stream): what `tier` and `utility`
+        compute, fused."""
+        c, cost, now = self.config, view.cost, view.now
+        gamma, t_crit, dt, mu, bs = c.gamma, c.t_critical, c.delta_t, c.mu, view.block_size
+        block_s = cost.block_bytes / cost.copy_bytes_per_s
+        fit = cost.fit
+        chunk, fixed, per_token = cost.prefill_chunk_tokens, fit.fixed_s, fit.prefill_s
+        active = (StreamStatus.RUNNING, StreamStatus.LOADING)
+        exp = math.exp
+
+        def key(s: Stream) -> tuple:
+            rate = s.rate
+            waited = waited_s(s, now)
+            if rate == 0:
+                return (-4, -(gamma + waited / dt), 0.0, s.arrival_time, s.stream_id)
+            tokens = s.reader.buffer_at(now)
+            b = tokens / rate
+            length = s.sampling.max_tokens
+            value = 1.0 if tokens <= 0.1 * length else max(0.0, (0.2 * length - tokens) / (0.1 * length))
+            if s.status in active:
+                tier = 3 if value >= 1.0 else 1
+            elif s.first_token_time is None:
+                tier = 4
+            else:
+                n = s.num_tokens
+                resume = min(-(-n // bs) * block_s, -(-n // chunk) * fixed + n * per_token)
+                tier = 4 if b < mu * (resume + dt) else (2 if value >= 1.0 else 0)
+            return (-tier, -(gamma * exp(-b / t_crit) + value * waited / dt), -rate, s.arrival_time, s.stream_id)
+
+        return key
 
     @property
     def rebalance_interval_s(self) -> float:
