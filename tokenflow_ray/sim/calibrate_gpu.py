@@ -91,6 +91,44 @@ def replay(run: RealRun, setup: ReplicaSetup, checks: bool = True,
     return sim.run(requests), sim, start
 
 
+def first_prefill_tokens(run: RealRun, setup: ReplicaSetup) -> int:
+    """How many prompt tokens the replay's first step (after the warm-up) prefills: what the policy admitted at
+    t = 0. Plans that one step only."""
+    sim = Simulation(setup, checks=False)
+    start = sim.warm_up(*STANDARD_WARMUP)
+    engine = sim.replicas[0].engine
+    for r in run.requests:
+        if r.arrival_s == 0.0:
+            sim._add(sim.replicas[0], replace(r, arrival_s=start))
+    plan = engine.begin_step().plan
+    return 0 if plan is None else sum(len(c.token_ids) for c in plan.prefills)
+
+
+def warmup_matching_first_step(run: RealRun, setup: ReplicaSetup, rounds: int = 20) -> ColdStart | None:
+    """For a run without `warmup_samples`: the warm-up's first-step cost (not recorded) that makes the replay's
+    first step admit what the run's did, when the policy's first admission depends on it (tokenflow's: the
+    working-set cap 2Γ/r, Γ learnt from the warm-up's steps); None when it does not (fcfs) or when no cost in
+    [0, 4] s matches. A bisection: a dearer first step teaches a larger per-step cost, a smaller Γ, fewer streams."""
+    if run.warmup is not None or setup.cold is None:
+        return None
+    want = run.samples[0][0].prefill_tokens
+
+    def admitted(first_step_s: float) -> int:
+        return first_prefill_tokens(run, replace(setup, cold=replace(setup.cold, first_step_s=first_step_s)))
+
+    lo, hi = 0.0, 4.0
+    at_lo, at_hi = admitted(lo), admitted(hi)
+    if at_lo == at_hi or not at_hi <= want <= at_lo:
+        return None
+    for _ in range(rounds):  # admitted(lo) >= want >= admitted(hi)
+        mid = (lo + hi) / 2
+        if admitted(mid) > want:
+            lo = mid
+        else:
+            hi = mid
+    return replace(setup.cold, first_step_s=hi if admitted(hi) == want else (lo + hi) / 2)
+
+
 def aligned_keys(run: RealRun, setup: ReplicaSetup) -> list[list[tuple[int, ...]]] | None:
     """Each real step's attention-shape keys, if the replay plans the run's steps exactly (else None)."""
     _, sim, _ = replay(run, setup, checks=False, log_steps=True)
