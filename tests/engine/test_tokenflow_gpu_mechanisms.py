@@ -209,8 +209,8 @@ def test_rotation_by_need_keeps_raw_throughput_where_the_old_rotation_lost_it():
 
 
 def test_the_fused_ranking_key_orders_as_tier_then_utility():
-    """rank() computes tier and utility in one pass per stream (it runs every step): the same order as the two
-    methods, over running, paused (due or not), new and unpaced streams."""
+    """rank() computes tier and the order within it in one pass per stream (it runs every step): the same order as
+    the methods, over running, paused (due or not), new and unpaced streams."""
     engine, _ = make_fake_engine(num_blocks=40, block_size=4, num_host_blocks=512, policy="tokenflow",
                                  max_num_seqs=8, tokenflow=TokenFlowConfig(delta_t=0.1))
     sched = engine.scheduler
@@ -226,7 +226,7 @@ def test_the_fused_ranking_key_orders_as_tier_then_utility():
                 sched.preempt(rng.choice(running).stream_id, engine.clock.now())
         policy, view = sched.policy, sched.view(engine.clock.now())
         live = list(sched.streams.values())
-        expected = sorted(live, key=lambda s: (-policy.tier(s, view), -policy.utility(s, view), -s.rate,
+        expected = sorted(live, key=lambda s: (-policy.tier(s, view), policy.within_tier(s, view), -s.rate,
                                                s.arrival_time, s.stream_id))
         assert [s.stream_id for s in policy.rank(live, view)] == [s.stream_id for s in expected] or \
             policy.overloaded

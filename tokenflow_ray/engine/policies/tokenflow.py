@@ -19,7 +19,8 @@ The GPU regimes (issue 35; figures from the simulator, docs/results/simulator.md
 fields' values before them in `AS_BEFORE`, which the first H200 runs used):
 - [departure] Ranking by tiers (`ranking`, `tier()`): who holds the device is decided first by need, then by
   utility: a due stream (never started, or paused with its reader's buffer under its lead μ·(resume + Δt)), a
-  running stream whose next token has full value, a paused one whose would, a running one ahead of that, the rest.
+  running stream whose next token has full value, a paused one whose would, then the streams ahead of their
+  readers by seconds of buffer, a running one's counted at half.
   With the utility alone, a stream paused for one Δt outranked every running stream holding any buffer, so each
   rebalance swapped about half the device set and reloaded whole contexts: H200 (b) moved 8.6 TB from the host,
   raw 0.77x; by tiers 0.39 TB, raw 1.09x (P99 TTFT 0.044x either way). The price is effective throughput where
@@ -147,18 +148,27 @@ class TokenFlowPolicy(SchedulingPolicy):
         return c.gamma * penalty + self._next_token_value(s, view) * waited_s(s, view.now) / c.delta_t
 
     def tier(self, s: Stream, view: SchedulerView) -> int:
-        """Who holds the device, before utility (ranking="tiers"): 4 a stream that is due (never started, or paused
-        with its reader's buffer under its lead), 3 a running stream whose next token has full value (buffer under
-        10% of its length), 2 a paused stream whose next token would, 1 a running stream ahead of that, 0 the rest.
-        A running stream thus keeps its place until a due stream needs it or its tokens lose value while a paused
-        one's would not: the set turns when readers need it, not every Δt."""
+        """Who holds the device, before anything else (ranking="tiers"): 4 a stream that is due (never started, or
+        paused with its reader's buffer under its lead), 3 a running stream whose next token has full value (buffer
+        under 10% of its length), 2 a paused stream whose next token would, 1 the streams ahead of that (their next
+        token worth less). A running stream thus keeps its place until a due stream needs it or its tokens lose
+        value while a paused one's would not: the set turns when readers need it, not every Δt."""
         if s.rate == 0:
             return 4
         running = s.status in (StreamStatus.RUNNING, StreamStatus.LOADING)
         if not running and (s.first_token_time is None or s.buffer_s(view.now) < self.lead_s(s, view)):
             return 4
-        full = self._next_token_value(s, view) >= 1.0
-        return (3 if full else 1) if running else (2 if full else 0)
+        if self._next_token_value(s, view) < 1.0:
+            return 1
+        return 3 if running else 2
+
+    def within_tier(self, s: Stream, view: SchedulerView) -> float:
+        """The order inside a tier, lower first: −utility, except among streams ahead of their readers (tier 1),
+        which go by seconds of buffer with a running stream's counted at half: a paused one takes its place only
+        when its reader holds under half as much (a reader whose rate went up, say), not whenever buffers cross."""
+        if s.rate > 0 and self.tier(s, view) == 1:
+            return s.buffer_s(view.now) * (0.5 if s.status in (StreamStatus.RUNNING, StreamStatus.LOADING) else 1.0)
+        return -self.utility(s, view)
 
     def lead_s(self, s: Stream, view: SchedulerView) -> float:
         """How long before its reader runs dry a paused stream must be chosen to come back in time: μ x (its
@@ -194,9 +204,9 @@ class TokenFlowPolicy(SchedulingPolicy):
         return sorted(streams, key=lambda s: (-self.utility(s, view), -s.rate, arrival_key(s)))
 
     def _tiered_key(self, view: SchedulerView):
-        """rank()'s key for ranking="tiers": (−tier, −utility, −rate, arrival), the reader queried once per stream
-        and the step's costs read once (rank runs every step over every live stream): what `tier` and `utility`
-        compute, fused."""
+        """rank()'s key for ranking="tiers": (−tier, within_tier, −rate, arrival), the reader queried once per
+        stream and the step's costs read once (rank runs every step over every live stream): what `tier`,
+        `within_tier` and `utility` compute, fused."""
         c, cost, now = self.config, view.cost, view.now
         gamma, t_crit, dt, mu, bs = c.gamma, c.t_critical, c.delta_t, c.mu, view.block_size
         block_s = cost.block_bytes / cost.copy_bytes_per_s
@@ -214,14 +224,17 @@ class TokenFlowPolicy(SchedulingPolicy):
             b = tokens / rate
             length = s.sampling.max_tokens
             value = 1.0 if tokens <= 0.1 * length else max(0.0, (0.2 * length - tokens) / (0.1 * length))
-            if s.status in active:
+            running = s.status in active
+            if running:
                 tier = 3 if value >= 1.0 else 1
             elif s.first_token_time is None:
                 tier = 4
             else:
                 n = s.num_tokens
                 resume = min(-(-n // bs) * block_s, -(-n // chunk) * fixed + n * per_token)
-                tier = 4 if b < mu * (resume + dt) else (2 if value >= 1.0 else 0)
+                tier = 4 if b < mu * (resume + dt) else (2 if value >= 1.0 else 1)
+            if tier == 1:
+                return (-1, b * 0.5 if running else b, -rate, s.arrival_time, s.stream_id)
             return (-tier, -(gamma * exp(-b / t_crit) + value * waited / dt), -rate, s.arrival_time, s.stream_id)
 
         return key
