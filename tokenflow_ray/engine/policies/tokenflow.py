@@ -24,7 +24,7 @@ fields' values before them in `AS_BEFORE`, which the first H200 runs used):
   With the utility alone, a stream paused for one Δt outranked every running stream holding any buffer, so each
   rebalance swapped about half the device set and reloaded whole contexts: H200 (b) moved 8.6 TB from the host,
   raw 0.77x; by tiers 0.39 TB, raw 1.09x (P99 TTFT 0.044x either way). The price is effective throughput where
-  the engine has capacity to spare (H200 (b): 3.15x -> 1.45x): streams run ahead of their readers, while the old
+  the engine has capacity to spare (H200 (b): 3.15x -> 1.44x): streams run ahead of their readers, while the old
   rotation held every buffer low by throttling the engine with copies.
 - [extension] A rebalance starts reloads for at most `switch_link_share` of the host link's time until the next
   one (`load_budget_blocks`): a reloading stream holds its blocks and decodes nothing until its last block lands.
@@ -45,7 +45,7 @@ newcomer's first token costs one prefill, while waiting for a whole stream to fi
 paper's lengths), and buffer balancing shares the shortfall among all readers. Beyond 2Γ every reader would get
 under half its rate; then FCFS serves the admitted ones well instead of all of them badly. The price is stall time:
 in a sustained overload (the 4090's Poisson setups, 5-10x) the working set stays at 2Γ/r streams that each read at
-half their rate, 29k s of stall against fcfs's 19 s, for P99 TTFT 0.66x.
+half their rate, 30k s of stall against fcfs's 19 s, for P99 TTFT 0.68x.
 
 [extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
 (paper §7.1.3: weight 0 once the buffer passes 20% of the length). D is when a work-conserving engine at its realized
