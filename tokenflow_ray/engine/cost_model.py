@@ -111,7 +111,8 @@ class CostModel:
     def decode_step_capacity_tok_s(self, batch: float) -> float:
         """Γ from the decode steps' own model (module docstring); the mixed model's until it has seen
         MIN_DECODE_STEPS of them."""
+        fit = self.decode_steps.fit  # solved here, by its reader: the steps it observes are clipped against it
         if self.decode_steps.samples < MIN_DECODE_STEPS:
             return self.decode_capacity_tok_s(batch)
         batch = max(batch, 1.0)
-        return batch / max(self.decode_steps.fit.predict(batch), 1e-6)
+        return batch / max(fit.predict(batch), 1e-6)

@@ -13,8 +13,9 @@ have varied (a prior worth `prior_weight` steps, so real data outweighs it from 
 floor (the exact solution of that bound-constrained problem: see `_solve`). Pure Python: a 3x3 solve per estimate,
 cached until the next observation.
 
-`clip` bounds what one step can teach: a step that took more than `clip` x the fit's prediction enters as `clip` x
-it. A step that pays a one-off (a new attention shape on the GPU runs: 56-61 ms on a ~20 ms step; the process's
+`clip` bounds what one step can teach: a step that took more than `clip` x the fit's prediction (the fit last
+solved: observing never solves one itself, so a model nobody reads costs its owner nothing a step) enters as
+`clip` x it. A step that pays a one-off (a new attention shape on the GPU runs: 56-61 ms on a ~20 ms step; the process's
 first step, 0.5 s) then moves the estimate as a slow step does, not as several of them (docs/results/simulator.md).
 """
 
@@ -58,13 +59,14 @@ class StepTimeModel:
         self.samples = 0
         self.prefill_samples = 0  # steps with prefill tokens: until one, the prefill cost is the prior's alone
         self._fit: StepTimeFit | None = None
+        self._last_fit = StepTimeFit(*self._prior)  # the fit last solved: what `clip` measures a step against
 
     def observe(self, decodes: int, prefill_tokens: int, compute_s: float) -> None:
         if compute_s <= 0 or (decodes == 0 and prefill_tokens == 0):
             return
         x = (1.0, float(decodes), float(prefill_tokens))
         if self.clip is not None and self.samples:
-            compute_s = min(compute_s, self.clip * self.fit.predict(x[1], x[2]))
+            compute_s = min(compute_s, self.clip * self._last_fit.predict(x[1], x[2]))
         d = self.decay
         for i in range(3):
             self._xy[i] = d * self._xy[i] + x[i] * compute_s
@@ -77,7 +79,7 @@ class StepTimeModel:
     @property
     def fit(self) -> StepTimeFit:
         if self._fit is None:
-            self._fit = self._solve()
+            self._fit = self._last_fit = self._solve()
         return self._fit
 
     def _solve(self) -> StepTimeFit:
