@@ -46,11 +46,7 @@ ROOMS: tuple[tuple[str, str], ...] = (
 # Rooms that run without torch or Ray (the CPU-testable core, house rule 1): they import neither, anywhere.
 PURE_ROOMS = ("checks", "cli_args", "metrics", "workloads", "engine", "cluster", "sim")
 # Known exceptions, each with why and until when; each must still exist (a stale one fails).
-ALLOWED_UPWARD = {
-    ("tokenflow_ray.sim.validate", "tokenflow_ray.runner.factory"):
-        "`tokenflow simulate validate` runs the real CPU engine against the simulator (a lab experiment kept in "
-        "sim/ while another helper owns sim/*); it moves to lab/ with that merge",
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 MAX_LINES = 400
 ALLOWED_LONG = {
     "tokenflow_ray/engine/scheduler.py": "split by the lead after the simulator helper's merge (it changes the file)",

@@ -18,7 +18,7 @@ _COMMAND_MODULES: tuple[tuple[str | None, str], ...] = (
     (None, "tokenflow_ray.serve.cli"),
     (None, "tokenflow_ray.lab.demo_cli"),
     ("tokenizer", "tokenflow_ray.tokenizer.cli"),
-    (None, "tokenflow_ray.sim.cli"),
+    (None, "tokenflow_ray.lab.sim_cli"),
 )
 
 _GROUP_HELP = {

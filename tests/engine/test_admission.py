@@ -9,10 +9,12 @@ from tokenflow_ray.engine.stream import StreamStatus
 def test_admission_takes_the_refined_set_not_the_ranking():
     """A long-paused stream `a` ranks first but needs most of the pool; refine trades it for the smaller `b` plus
     one more (`c`, `d` fit beside b). Admission must start that set; walking the ranking again would reload `a` and
-    then stop at `b` for want of memory, so refine would only have decided who is paused."""
+    then stop at `b` for want of memory, so refine would only have decided who is paused. (The utility ranking,
+    where a long wait alone puts a paused stream first; with tiers a paused stream that is not due ranks after
+    new ones.)"""
     engine, _ = make_fake_engine(num_blocks=13, block_size=4, num_host_blocks=4096, policy="tokenflow",
                                  max_num_seqs=8, max_num_batched_tokens=64,
-                                 tokenflow=TokenFlowConfig(delta_t=0.5, t_critical=1.0))
+                                 tokenflow=TokenFlowConfig(delta_t=0.5, t_critical=1.0, ranking="utility"))
     sched = engine.scheduler
     a = engine.add_request([1] * 8, SamplingParams(max_tokens=400), stream_id="a", rate=2.0)
     step_engine(engine, 30)  # 30 tokens read at 2 tok/s: ~14 s of buffer

@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.engine.plan_digest import _fake_engine, _fake_requests
 from tokenflow_ray.engine.policies.base import arrival_key
 from tokenflow_ray.lab.host_bench import HostBenchConfig, build_engine
+
+
+def _utility_ranking(engine):
+    """The utility ranking (`ranking="utility"`, what `_rank_key` writes out); the default ranks by tiers."""
+    policy = engine.scheduler.policy
+    policy.config = dataclasses.replace(policy.config, ranking="utility")
+    return engine
 
 
 def _reference(policy, live, view):
@@ -36,13 +45,13 @@ def _check_rankings(engine, steps: int, every: int) -> int:
 
 
 def test_tokenflow_rank_key_orders_as_utility_does_in_the_bench_regime():
-    engine = build_engine(HostBenchConfig(), "tokenflow", 150)
+    engine = _utility_ranking(build_engine(HostBenchConfig(), "tokenflow", 150))
     assert _check_rankings(engine, steps=240, every=7) >= 20
 
 
 @pytest.mark.parametrize("seed", [7, 8])
 def test_tokenflow_rank_key_orders_as_utility_does_with_mixed_and_unpaced_readers(seed):
-    engine = _fake_engine("tokenflow", overlap=False)
+    engine = _utility_ranking(_fake_engine("tokenflow", overlap=False))
     _fake_requests(engine, seed=seed)  # rates 0, 8, 20, 40; eos, stop tokens, arrivals over 3 s
     live = engine.scheduler.streams
     for _ in range(20):

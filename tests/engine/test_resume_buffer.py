@@ -4,7 +4,7 @@ rebalance that resumes many streams at once makes every reload behind the first 
 
 from tests.engine.factories import make_fake_engine, step_engine
 from tests.engine.test_resume_cost import PROMPTS, _paused
-from tokenflow_ray.engine.policies import FCFSPolicy, TokenFlowPolicy
+from tokenflow_ray.engine.policies import FCFSPolicy, TokenFlowConfig, TokenFlowPolicy
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
 
@@ -28,13 +28,20 @@ def test_the_rule_reloads_when_the_buffer_covers_it_and_else_takes_the_sooner():
     view = sched.view(engine.clock.now())
     buffer_s = small.buffer_s(view.now)
     assert buffer_s > 0.1
-    tf, paper = TokenFlowPolicy(), FCFSPolicy()  # the base class keeps the paper's rule
+    # recompute_weight="one": the buffer rule, else the sooner of the two for this stream alone.
+    tf, paper = TokenFlowPolicy(TokenFlowConfig(recompute_weight="one")), FCFSPolicy()  # base: the paper's rule
     assert tf.resume_by_load(small, buffer_s * 0.9, buffer_s * 0.1, view)  # slower, but hidden by the buffer
     assert not paper.resume_by_load(small, buffer_s * 0.9, buffer_s * 0.1, view)
     assert not tf.resume_by_load(small, buffer_s * 2, buffer_s, view)  # the reader would wait: the sooner
     assert tf.resume_by_load(small, buffer_s * 2, buffer_s * 3, view)
-    small.rate = 0.0  # an unpaced stream has no reader to hide the wait: the sooner
+    # The default weighs a recompute by the batch it holds up (the device holds view.max_device_batch streams).
+    batch = TokenFlowPolicy()
+    b = view.max_device_batch
+    assert b > 2 and batch.resume_by_load(small, buffer_s * 2, buffer_s, view)  # 2x slower < the batch's wait
+    assert not batch.resume_by_load(small, buffer_s * (b + 1), buffer_s, view)
+    small.rate = 0.0  # an unpaced stream has no reader to hide the wait: the sooner, or the batch-weighted rule
     assert not tf.resume_by_load(small, buffer_s * 0.9, buffer_s * 0.1, view)
+    assert batch.resume_by_load(small, buffer_s * 0.9, buffer_s * 0.1, view) == (0.9 <= b * 0.1)
 
 
 def test_behind_a_long_queue_a_buffered_stream_still_reloads_and_nothing_is_recomputed():

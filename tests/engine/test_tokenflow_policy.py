@@ -134,8 +134,9 @@ def test_gamma_trades_buffer_urgency_against_waiting_time():
         if n:
             s.reader.on_tokens(engine.clock.now(), n)
     view = _policy_view(engine)
-    urgent_first = TokenFlowPolicy(TokenFlowConfig(gamma=100.0)).rank([sx, sy], view)
-    fair_first = TokenFlowPolicy(TokenFlowConfig(gamma=0.0)).rank([sx, sy], view)
+    # The utility alone (ranking="utility"): with tiers, x's 3 s of buffer would put it behind y whatever γ is.
+    urgent_first = TokenFlowPolicy(TokenFlowConfig(gamma=100.0, ranking="utility")).rank([sx, sy], view)
+    fair_first = TokenFlowPolicy(TokenFlowConfig(gamma=0.0, ranking="utility")).rank([sx, sy], view)
     assert [s.stream_id for s in urgent_first] == [y, x]
     assert [s.stream_id for s in fair_first] == [x, y]
 

@@ -35,7 +35,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
 
 def test_validation_runs_the_real_engine_and_the_calibrated_sim_on_the_same_workload():
     pytest.importorskip("torch")
-    from tokenflow_ray.sim.validate import ValidateConfig, run_validation
+    from tokenflow_ray.lab.sim_validate import ValidateConfig, run_validation
 
     cfg = ValidateConfig(num_streams=6, loads=(("low", 0.4),), policies=("fcfs", "tokenflow"), repeats=1)
     out = run_validation(cfg, progress=print)  # the figures, in the log of a failing run

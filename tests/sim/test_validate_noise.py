@@ -1,7 +1,7 @@
 """validate's noise bookkeeping: policies whose real runs' ranges overlap are tied, and the ranking is compared
 on every other pair (pure Python, no engine)."""
 
-from tokenflow_ray.sim.validate import _same_order_beyond_noise, _ties
+from tokenflow_ray.lab.sim_validate import _same_order_beyond_noise, _ties
 
 
 def _spread(**ranges):
@@ -26,8 +26,8 @@ def test_a_swap_inside_a_tie_is_forgiven_and_one_outside_is_not():
 
 def test_calibration_takes_each_steps_median_over_runs_that_planned_the_same_steps():
     from tokenflow_ray.engine.step_time_model import StepTimeFit
+    from tokenflow_ray.lab.sim_validate import _median_cost, _median_steps
     from tokenflow_ray.sim.cost import CalibratedStepCost, StepShape
-    from tokenflow_ray.sim.validate import _median_cost, _median_steps
 
     a, b = StepShape(4, 0, 100, 0.0, 4), StepShape(0, 64, 0, 2048.0, 1)
     runs = [[(a, 0.010), (b, 0.020)], [(a, 0.011), (b, 0.090)], [(a, 0.030), (b, 0.021)]]  # one slow step each

@@ -2,7 +2,10 @@
 
 Measured step results feed a batch-size-aware step-time model (step_time_model.py), so the decode capacity Γ is
 predicted for the batch the device can hold, not read off the batch a policy chose to run, and the recompute time
-uses the prefill cost alone. Copy bandwidth is an exponential moving average over measured copies. Reload time is
+uses the prefill cost alone. A second model sees only decode steps, each at most `DECODE_CLIP` x its prediction
+(`decode_step_capacity_tok_s`): a decode step's time does not hang on the prefill steps' costs (on the H200 engine a
+prefill step also pays ~61 ms per new prompt length, which the mixed fit spreads over its other terms: its Γ swung
+from 0.5k to 3k tok/s and back in the first seconds of the run), and a one-off weighs as one slow step. Copy bandwidth is an exponential moving average over measured copies. Reload time is
 queue-aware (paper §4.2.3): the copies queued ahead of a load come from the KV manager's live queue at decision
 time, so a busy copy queue makes reloads look slower and recompute wins.
 """
@@ -26,6 +29,10 @@ class _Ema:
         self.samples += 1
 
 
+DECODE_CLIP = 2.0  # a decode step teaches the capacity model at most this many times its prediction
+MIN_DECODE_STEPS = 8  # decode steps seen before their own model prices Γ (the mixed model until then)
+
+
 class CostModel:
     def __init__(self, block_bytes: int, step_s: float = 0.02, prefill_s_per_token: float = 5e-4,
                  copy_bytes_per_s: float = 2e9, prefill_chunk_tokens: int = 512) -> None:
@@ -34,6 +41,7 @@ class CostModel:
         self.block_bytes = block_bytes  # one block's KV, all layers, K and V
         self.prefill_chunk_tokens = prefill_chunk_tokens  # the step token budget: a recompute runs in such chunks
         self.steps = StepTimeModel(step_s, prefill_s_per_token)
+        self.decode_steps = StepTimeModel(step_s, prefill_s_per_token, clip=DECODE_CLIP)
         self._step = _Ema(step_s)
         self._decode_step = _Ema(step_s)
         self._copy = _Ema(copy_bytes_per_s)
@@ -52,6 +60,7 @@ class CostModel:
             if num_prefill_tokens == 0 and num_decodes:
                 self._decode_step.update(delivered)
                 self._decode_batch.update(num_decodes)
+                self.decode_steps.observe(num_decodes, 0, delivered)
         if copy_bytes > 0 and copy_s > 0:
             self._copy.update(copy_bytes / copy_s)
 
@@ -98,3 +107,12 @@ class CostModel:
         """Γ: decode tokens/s with `batch` streams decoding every step, from the step-time model."""
         batch = max(batch, 1.0)
         return batch / max(self.fit.predict(batch), 1e-6)
+
+    def decode_step_capacity_tok_s(self, batch: float) -> float:
+        """Γ from the decode steps' own model (module docstring); the mixed model's until it has seen
+        MIN_DECODE_STEPS of them."""
+        fit = self.decode_steps.fit  # solved here, by its reader: the steps it observes are clipped against it
+        if self.decode_steps.samples < MIN_DECODE_STEPS:
+            return self.decode_capacity_tok_s(batch)
+        batch = max(batch, 1.0)
+        return batch / max(fit.predict(batch), 1e-6)

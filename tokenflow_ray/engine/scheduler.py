@@ -343,7 +343,7 @@ class Scheduler:
             is_new = s.status == StreamStatus.WAITING and not s.num_preemptions
             if is_new and working >= limit:
                 continue
-            need = self.pool.blocks_for_tokens(s.num_tokens + 1)
+            need = self.pool.blocks_for_tokens(s.num_tokens + 1 + self.policy.growth_tokens(s))
             if used + need <= self.pool.num_blocks:
                 chosen.append(s)
                 used += need
@@ -369,12 +369,20 @@ class Scheduler:
     def _admissible_before_next_rebalance(self, incoming: list[Stream], set_size: int,
                                           view: SchedulerView) -> list[Stream]:
         """The incoming streams (rank order) whose prefill the steps until the next rebalance can take: pausing
-        a running stream for one that cannot start yet only stalls its reader."""
+        a running stream for one that cannot start yet only stalls its reader. Paused streams that come back by
+        reload also share the policy's load budget (`load_budget_blocks`); one past it waits for a later rebalance
+        while the streams behind it that need no reload still come in."""
         steps = max(1.0, self.policy.rebalance_interval_s / max(view.cost.step_s, 1e-4))
         per_step = max(1, self.config.max_num_batched_tokens - (set_size - len(incoming)))  # decodes come first
         budget = steps * per_step
+        loads = self.policy.load_budget_blocks(view)
         taken: list[Stream] = []
         for s in incoming:
+            if s.status == StreamStatus.PREEMPTED and s.num_host_tokens:
+                need = self.pool.blocks_for_tokens(s.num_host_tokens)
+                if taken and need > loads:
+                    continue
+                loads -= need
             budget -= s.num_uncomputed_tokens
             if taken and budget < 0:
                 break
@@ -415,6 +423,9 @@ class Scheduler:
                 break
             if stream.stream_id in preempted_now or stream.stream_id in leaving:
                 continue  # paused this step (its tail is still being copied), or about to move to another engine
+            if not is_new and self.policy.reserve_on_resume and self.pool.num_free - self.pool.blocks_for_tokens(
+                    stream.num_tokens) < self.pool.blocks_for_tokens(reserve):
+                break  # a resume, too, leaves the running streams room to grow (keep rank order)
             if status == paused:
                 if self._resume_by_load(stream, view):
                     if not self.kv.start_load(stream):
@@ -422,6 +433,7 @@ class Scheduler:
                     stream.status = StreamStatus.LOADING
                     self._announce(stream, new_streams)  # an imported stream's first plan here may be its load
                     num_active += 1
+                    reserve += self.policy.reserve_tokens([stream])
                     continue
                 first = self.pool.blocks_for_tokens(min(stream.num_tokens, budget))
                 if not self.pool.can_allocate(first):

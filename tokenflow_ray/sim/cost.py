@@ -9,9 +9,10 @@ Two step models behind one interface (`StepCost.step_s(shape)`):
   decode context tokens fitted on what that law leaves (attention reads grow with the context).
 
 Copies (`HostLink`): each KV block is one DMA call, `t0 + bytes/B` (gpu-notes.md §4: per-call overhead dominates
-small copies). Evictions (device->host) and loads (host->device) overlap when the engine overlaps them, each
-direction then at `bidir_factor` of the one-way bandwidth (both directions at once do not add up to 2x, §1);
-without overlap they run one after the other.
+small copies). Evictions (device->host) and loads (host->device) overlap when the engine overlaps them and the link
+is `duplex`, each direction then at `bidir_factor` of the one-way bandwidth (both directions at once do not add up
+to 2x, §1); otherwise they run one after the other (the CUDA copier's load stream waits for its evict stream:
+runner/cuda_copies.py).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class HostLink:
     bytes_s: float  # one direction, alone
     bidir_factor: float = 1.0  # per-direction share when both directions copy at once
     call_overhead_s: float = 0.0  # per block copy call (t0)
+    duplex: bool = True  # evictions and loads at once (False: loads after the step's evictions)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.bytes_s) and self.bytes_s > 0):

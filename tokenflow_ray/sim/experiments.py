@@ -21,8 +21,9 @@ from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.metrics import summarize
 from tokenflow_ray.metrics.summary import policy_ratios
-from tokenflow_ray.sim.hardware import deployment
+from tokenflow_ray.sim.hardware import MEASURED, deployment
 from tokenflow_ray.sim.migration import MigrationLink
+from tokenflow_ray.sim.real_runs import STANDARD_WARMUP
 from tokenflow_ray.sim.setups import (
     DEFAULT_RATE,
     PAPER,
@@ -57,11 +58,21 @@ def simulate_policy(gpu: str, model: str, policy: str, requests: Sequence[Reques
                     router: str = "slack", tokenflow: TokenFlowConfig | None = None,
                     cache_overrides: dict | None = None, checks: bool = True, integrity: bool = False,
                     seed: int = 0, progress: Progress = None, migration: MigrationSettings | None = None,
-                    migration_on: bool = True, migration_link: MigrationLink | None = None) -> dict:
-    setup = gpu_replica_setup(gpu, model, policy, tokenflow, cache_overrides, num_requests=len(requests))
+                    migration_on: bool = True, migration_link: MigrationLink | None = None,
+                    length_scale: float = 1.0, what_if: tuple[str, ...] = ()) -> dict:
+    """One policy on `requests`. A measured engine profile (hardware.MEASURED) first runs the standard warm-up, as
+    its real runs did (the engine's learnt costs start from it)."""
+    setup = gpu_replica_setup(gpu, model, policy, tokenflow, cache_overrides, num_requests=len(requests),
+                              length_scale=length_scale, what_if=what_if)
     sim = Simulation(setup, num_replicas=replicas, router=router, checks=checks, integrity=integrity, seed=seed,
                      migration=migration, migration_on=migration_on, migration_link=migration_link)
-    return summarize_outcome(sim.run(requests, progress=progress))
+    start = 0.0
+    if gpu in MEASURED and replicas == 1:
+        start = sim.warm_up(*STANDARD_WARMUP)
+        requests = [replace(r, arrival_s=r.arrival_s + start) for r in requests]
+    summary = summarize_outcome(sim.run(requests, progress=progress))
+    summary["completion_s"] -= start
+    return summary
 
 
 def ratios(results: dict) -> dict:
@@ -77,23 +88,27 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
               router: str = "slack", seed: int = 0, rate: float = DEFAULT_RATE, num_requests: int | None = None,
               tokenflow: TokenFlowConfig | None = None, checks: bool = True,
               progress: Callable[[str], Progress] | None = None, migration: MigrationSettings | None = None,
-              migration_link: MigrationLink | None = None) -> dict:
+              migration_link: MigrationLink | None = None, length_scale: float = 1.0,
+              what_if: tuple[str, ...] = ()) -> dict:
     setup = paper_setup(gpu, name)
     dep = deployment(gpu, model)
     requests = setup_requests(setup, seed=seed, rate=rate, num_requests=num_requests,
-                              max_total=dep.model.max_model_len)
+                              max_total=dep.model.max_model_len, length_scale=length_scale)
     results, moved = {}, {}
     for policy in policies:
         bar = progress(policy) if progress is not None else None
         results[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
                                           checks=checks, seed=seed, progress=bar, migration=migration,
-                                          migration_on=False, migration_link=migration_link)
+                                          migration_on=False, migration_link=migration_link,
+                                          length_scale=length_scale, what_if=what_if)
         if migration is not None:
             bar = progress(f"{policy}+migration") if progress is not None else None
             moved[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
                                             checks=checks, seed=seed, progress=bar, migration=migration,
-                                            migration_link=migration_link)
-    out = {"setup": setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
+                                            migration_link=migration_link, length_scale=length_scale,
+                                            what_if=what_if)
+    out = {"setup": {**setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
+                     "length_scale": length_scale, "what_if": list(what_if)},
            "policies": results, "ours": ratios(results), "paper": paper_figures(setup)}
     if migration is not None:
         out["migration"] = {"settings": asdict(migration), "link": asdict(migration_link or MigrationLink()),

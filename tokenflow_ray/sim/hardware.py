@@ -1,8 +1,9 @@
-"""GPU, model and deployment constants for the simulator's roofline cost model, each with its source.
+"""GPU, model and deployment constants for the simulator's roofline cost model, each with its source; and the
+profiles of this project's engine as measured on a GPU (`MEASURED`).
 
-Sources are the notes in ../shared/docs/gpu-notes.md (§0-§4), which cite the primary documents; tags follow them:
-[src] copied from a named source, [computed] from a config, [est.] an estimate by the stated arithmetic. Nothing
-here was measured on a GPU by this project.
+Roofline sources are the notes in ../shared/docs/gpu-notes.md (§0-§4), which cite the primary documents; tags
+follow them: [src] copied from a named source, [computed] from a config, [est.] an estimate by the stated
+arithmetic. The measured profiles were fitted by `tokenflow simulate validate --real` on this project's own runs.
 """
 
 from __future__ import annotations
@@ -153,8 +154,48 @@ MODEL_NAMES = tuple(MODELS)
 
 
 def deployment(gpu: str, model: str) -> Deployment:
+    """A roofline deployment, or the deployment a measured profile ran (`MEASURED`, only with its own model)."""
+    measured = MEASURED.get(gpu)
+    if measured is not None and MODELS.get(model) == measured.deployment.model:
+        return measured.deployment
     try:
         return DEPLOYMENTS[(gpu, model)]
     except KeyError:
-        raise ValueError(f"no deployment for gpu={gpu!r} model={model!r}; gpus: {', '.join(GPU_NAMES)}, "
+        raise ValueError(f"no deployment for gpu={gpu!r} model={model!r}; gpus: {', '.join(PROFILE_NAMES)}, "
                          f"models: {', '.join(MODEL_NAMES)}") from None
+
+
+@dataclass(frozen=True)
+class MeasuredEngine:
+    """This project's engine on a device as measured (not a roofline): its step law per policy (whole steps on the
+    wall clock, planning included), what a new attention shape and the process's first step cost, and its copy
+    link (sim/calibrate_gpu.py fits them; sim/cold_start.py says what each cost is)."""
+
+    name: str
+    deployment: Deployment  # the model and device KV pool it ran; its host store is `host_pool_factor` x the pool
+    laws: MappingProxyType  # policy -> (fixed_s, decode_s, prefill_s per token, context_s per token)
+    decode_shape_s: float
+    prefill_shape_s: float
+    first_step_s: float
+    copy_bytes_s: float  # median measured, evictions then loads (the CUDA copier's streams), beside the step
+    host_pool_factor: int  # the host store is this many times the device pool, in blocks (as the runs had it)
+    source: str
+
+
+_H200 = DEPLOYMENTS[("h200", "llama3-8b")]
+# Fitted by `tokenflow simulate validate --real ../shared/data/h200/setup_a_eighth_{fcfs,tokenflow}.json --grid
+# ../shared/data/h200/step_grid.json` (docs/results/runs/validate_real_h200.json): the fcfs run's 3,517 steps
+# replayed step for step (2 one-offs over 0.5 s left out, rms 8.3 ms), tokenflow's per-step terms on its own warm
+# steps, the cost per prefill token from the grid (the serving runs cannot separate it from new prefill shapes).
+# The engine at commit 5e9bf8e: torch SDPA, block size 16, no CUDA graphs, random bf16 Llama-3-8B weights.
+MEASURED = MappingProxyType({
+    "h200-measured": MeasuredEngine(
+        "H200 SXM, this engine (SDPA, measured)",
+        Deployment(_H200.gpu, _H200.model, 1, _H200.kv_pool_tokens, "the runs' pool: SGLang mem-frac 0.3",
+                   host_kv_bytes=4 * _H200.kv_pool_tokens * _H200.model.kv_bytes_per_token),
+        MappingProxyType({"fcfs": (16.83e-3, 69.1e-6, 23.1e-6, 0.0),
+                          "tokenflow": (24.45e-3, 42.4e-6, 23.1e-6, 0.0)}),
+        decode_shape_s=56.2e-3, prefill_shape_s=61.1e-3, first_step_s=0.472, copy_bytes_s=27.09e9,
+        host_pool_factor=4, source="../shared/data/h200/setup_a_eighth_{fcfs,tokenflow}.json, step_grid.json (2026-12-04)"),
+})
+PROFILE_NAMES = GPU_NAMES + tuple(MEASURED)

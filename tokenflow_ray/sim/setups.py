@@ -16,8 +16,10 @@ from types import MappingProxyType
 from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tokenflow_ray.engine.policies import AndesConfig, TokenFlowConfig
 from tokenflow_ray.engine.runner_api import ModelInfo
-from tokenflow_ray.sim.cost import HostLink, RooflineStepCost
-from tokenflow_ray.sim.hardware import Deployment, deployment
+from tokenflow_ray.engine.step_time_model import StepTimeFit
+from tokenflow_ray.sim.cold_start import ColdStart
+from tokenflow_ray.sim.cost import CalibratedStepCost, HostLink, RooflineStepCost
+from tokenflow_ray.sim.hardware import MEASURED, Deployment, MeasuredEngine, deployment
 from tokenflow_ray.sim.simulator import ReplicaSetup
 from tokenflow_ray.workloads.generators import (
     LengthDist,
@@ -36,7 +38,7 @@ BLOCK_SIZE = 16
 SCHEDULER_OVERHEAD_S = MappingProxyType({"fcfs": 0.07e-3, "andes": 0.4e-3, "tokenflow": 0.4e-3})
 # Per-step token budget: SGLang's chunked-prefill size by GPU memory (2048 under 35 GB, 4096 under 60 GB, else
 # 8192) [est., SGLang server_args defaults]. Batch cap 256 [est.]; memory binds first in every setup here.
-MAX_BATCHED_TOKENS = MappingProxyType({"4090": 2048, "a6000": 4096, "h200": 8192})
+MAX_BATCHED_TOKENS = MappingProxyType({"4090": 2048, "a6000": 4096, "h200": 8192, "h200-measured": 8192})
 MAX_NUM_SEQS = 256
 
 
@@ -51,7 +53,7 @@ class PaperSetup:
 
     @property
     def output_factor(self) -> float:
-        return 2.0 if self.gpu == "h200" else 1.0
+        return 2.0 if self.gpu.startswith("h200") else 1.0
 
     def describe(self) -> str:
         load = f"burst {self.burst}" if self.workload == "burst" else f"Poisson λ={self.arrival_rate:g}"
@@ -69,28 +71,41 @@ _TABLE1 = {  # setup -> (4090 column, H200 column)
 def paper_setup(gpu: str, name: str) -> PaperSetup:
     if name not in _TABLE1:
         raise ValueError(f"setup: expected one of {', '.join(SETUP_NAMES)}, got {name!r}")
-    workload, lengths, burst, rate = _TABLE1[name][1 if gpu == "h200" else 0]
+    workload, lengths, burst, rate = _TABLE1[name][1 if gpu.startswith("h200") else 0]
     return PaperSetup(name, gpu, workload, lengths, burst, rate)
 
 
 def setup_requests(setup: PaperSetup, seed: int = 0, rate: float = DEFAULT_RATE, num_requests: int | None = None,
-                   max_total: int | None = None) -> list[RequestSpec]:
+                   max_total: int | None = None, length_scale: float = 1.0) -> list[RequestSpec]:
+    """The setup's requests. `length_scale`: Table 1's lengths drawn first, then each prompt and output x scale,
+    rounded, at least 8 / 16 tokens (how the H200 runs at 1/8 were made: ../shared/data/h200/README.md)."""
+    if not (isinstance(length_scale, (int, float)) and 0 < length_scale <= 1):
+        raise ValueError(f"length_scale: must be in (0, 1], got {length_scale!r}")
     prompt, output = table1_lengths(setup.lengths)
     f = setup.output_factor
     cap = None if max_total is None else max_total // 2
-    output = LengthDist(output.mean * f, output.std * f, min_len=16, max_len=cap)
-    prompt = replace(prompt, min_len=8, max_len=cap)
+    scaled = length_scale != 1
+    output = LengthDist(output.mean * f, output.std * f, min_len=16, max_len=None if scaled else cap)
+    prompt = replace(prompt, min_len=8, max_len=None if scaled else cap)
     n = num_requests or (setup.burst if setup.workload == "burst" else POISSON_REQUESTS)
     spec = WorkloadSpec(setup.workload, n, seed=seed, rate=rate, arrival_rate=setup.arrival_rate or 1.0,
                         prompt=prompt, output=output, length_scale=1.0)
-    return make_requests(spec)
+    requests = make_requests(spec)
+    if not scaled:
+        return requests
+    top = cap or max(r.prompt_len + r.output_len for r in requests)
+    return [replace(r, prompt_len=min(top, max(8, round(r.prompt_len * length_scale))),
+                    output_len=min(top, max(16, round(r.output_len * length_scale)))) for r in requests]
 
 
 def engine_config(dep: Deployment, gpu: str, policy: str, tokenflow: TokenFlowConfig | None = None,
-                  cache_overrides: dict | None = None, num_requests: int = 10_000) -> EngineConfig:
-    device_blocks = dep.kv_pool_tokens // BLOCK_SIZE
+                  cache_overrides: dict | None = None, num_requests: int = 10_000,
+                  length_scale: float = 1.0) -> EngineConfig:
+    """The replica's engine config; with `length_scale` the KV pools shrink with the lengths (the same streams fit
+    at once: the memory regime of the full-length setup)."""
+    device_blocks = int(dep.kv_pool_tokens * length_scale) // BLOCK_SIZE
     cache = CacheConfig(block_size=BLOCK_SIZE, num_device_blocks=device_blocks,
-                        num_host_blocks=dep.host_kv_tokens // BLOCK_SIZE)
+                        num_host_blocks=int(dep.host_kv_tokens * length_scale) // BLOCK_SIZE)
     cache = replace(cache, **(cache_overrides or {}))
     sched = SchedulerConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS[gpu],
                             policy=policy, tokenflow=tokenflow or TokenFlowConfig(), andes=AndesConfig())
@@ -103,12 +118,41 @@ def model_info(dep: Deployment) -> ModelInfo:
                      kv_bytes_per_token=m.kv_bytes_per_token)
 
 
+WHAT_IFS = ("no_shape_cost", "fcfs_law")  # measured profiles: the engine with one of its costs removed
+
+
 def gpu_replica_setup(gpu: str, model: str, policy: str, tokenflow: TokenFlowConfig | None = None,
-                      cache_overrides: dict | None = None, num_requests: int = 10_000) -> ReplicaSetup:
+                      cache_overrides: dict | None = None, num_requests: int = 10_000,
+                      length_scale: float = 1.0, what_if: tuple[str, ...] = ()) -> ReplicaSetup:
+    """`what_if` (measured profiles only): `no_shape_cost`, new attention shapes free (an engine with bucketed
+    shapes); `fcfs_law`, every policy at fcfs's per-step law (its planning and copy overheads at fcfs's)."""
     dep = deployment(gpu, model)
-    return ReplicaSetup(engine=engine_config(dep, gpu, policy, tokenflow, cache_overrides, num_requests),
-                        info=model_info(dep), cost=RooflineStepCost(dep), link=HostLink.of(dep),
+    engine = engine_config(dep, gpu, policy, tokenflow, cache_overrides, num_requests, length_scale)
+    if unknown := set(what_if) - set(WHAT_IFS):
+        raise ValueError(f"what_if: unknown {sorted(unknown)}; choose from {', '.join(WHAT_IFS)}")
+    if gpu in MEASURED:
+        m = MEASURED[gpu]
+        if "no_shape_cost" in what_if:
+            m = replace(m, decode_shape_s=0.0, prefill_shape_s=0.0)
+        if "fcfs_law" in what_if:
+            m = replace(m, laws=MappingProxyType({p: m.laws["fcfs"] for p in m.laws}))
+        cache = replace(engine.cache, num_host_blocks=m.host_pool_factor * engine.cache.num_device_blocks)
+        return measured_replica_setup(m, replace(engine, cache=replace(cache, **(cache_overrides or {}))),
+                                      model_info(dep))
+    if what_if:
+        raise ValueError(f"what_if: only with a measured profile ({', '.join(MEASURED)})")
+    return ReplicaSetup(engine=engine, info=model_info(dep), cost=RooflineStepCost(dep), link=HostLink.of(dep),
                         cpu_overhead_s=SCHEDULER_OVERHEAD_S[policy])
+
+
+def measured_replica_setup(m: MeasuredEngine, engine: EngineConfig, info: ModelInfo) -> ReplicaSetup:
+    """A measured engine: the policy's own law (a policy never measured takes tokenflow's: andes too ranks and
+    rebalances every Δt), whole steps (planning included, so no separate scheduler time), its cold costs, and
+    copies at the measured bandwidth with loads after evictions."""
+    fixed, decode, prefill, context = m.laws.get(engine.scheduler.policy) or m.laws["tokenflow"]
+    return ReplicaSetup(engine=engine, info=info, cost=CalibratedStepCost(StepTimeFit(fixed, decode, prefill), context),
+                        link=HostLink(m.copy_bytes_s, duplex=False), cpu_overhead_s=0.0,
+                        cold=ColdStart(m.decode_shape_s, m.prefill_shape_s, m.first_step_s))
 
 
 # ---- the paper's reported figures (serving-paper.md §6), as ratios tokenflow / baseline -------------------------

@@ -40,6 +40,7 @@ from tokenflow_ray.engine.plan import StepPlan, StepResult
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.metrics.stream_metrics import StreamRecord
+from tokenflow_ray.sim.cold_start import ColdStart
 from tokenflow_ray.sim.conservation import ConservationChecker
 from tokenflow_ray.sim.cost import HostLink, StepCost
 from tokenflow_ray.sim.migration import ClusterMigration, InTransit, MigrationLink
@@ -59,6 +60,7 @@ class ReplicaSetup:
     cost: StepCost
     link: HostLink
     cpu_overhead_s: float = 0.0  # scheduler time per step on the host, serial with the device step
+    cold: ColdStart | None = None  # what is not yet warm costs (measured engine profiles; cold_start.py)
 
 
 @dataclass
@@ -117,7 +119,8 @@ class Simulation:
         for i, rs in enumerate(replica_setups or [setup] * num_replicas):
             cache = rs.engine.cache
             runner = SimRunner(rs.info, rs.cost, cache.block_size, rs.link,
-                               overlap_copies=cache.overlap_copies, cpu_overhead_s=rs.cpu_overhead_s)
+                               overlap_copies=cache.overlap_copies, cpu_overhead_s=rs.cpu_overhead_s, cold=rs.cold,
+                               clock=self.clock)
             engine = LLMEngine(rs.engine, runner, tokenizer=None, clock=self.clock)
             checker = ConservationChecker(engine, integrity=integrity) if checks else None
             self.replicas.append(SimReplica(f"r{i:03d}", engine, runner, checker))
@@ -134,6 +137,19 @@ class Simulation:
         self._total = 0
         self._done = 0
 
+    def warm_up(self, prompt_len: int = 8, output_len: int = 4) -> float:
+        """One unpaced request through the single replica before the workload, as every driver of the real engine
+        runs one (real_runs.STANDARD_WARMUP): the engine's learnt costs and the runner's cold state then start where
+        a real run's did. Returns the clock after it; offset the workload's arrivals by it."""
+        if len(self.replicas) != 1:
+            raise ValueError("warm_up: one replica only")
+        self.run([RequestSpec(-1, self.clock.now(), prompt_len, output_len, 0.0)])
+        now = self.clock.now()
+        cold = self.replicas[0].runner.cold
+        if cold is not None:
+            cold.start_run(now)
+        return now
+
     # ---- the loop ---------------------------------------------------------------------------------------------
     def run(self, requests: Sequence[RequestSpec], progress: Callable[[int, int], None] | None = None,
             max_sim_s: float = 1e6) -> SimOutcome:
@@ -144,7 +160,7 @@ class Simulation:
         if len(self.replicas) == 1:
             for req in requests:
                 self._add(self.replicas[0], req)
-            self._wake(0, 0.0)
+            self._wake(0, self.clock.now())  # a second run on the same simulation starts where the first ended
         else:
             for req in requests:
                 self._push(req.arrival_s, _ARRIVAL, req.index)

@@ -38,6 +38,7 @@ class SchedulingPolicy(ABC):
     name: str
     proactive: bool = False  # may preempt streams that memory does not force out
     uses_host_store: bool = False  # preempts to the host spill store (else recompute only)
+    reserve_on_resume: bool = False  # a resume, too, must leave `reserve_tokens` of the running streams free
 
     @abstractmethod
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
@@ -66,6 +67,15 @@ class SchedulingPolicy(ABC):
 
     def reserve_tokens(self, running: Sequence[Stream]) -> int:
         """Tokens kept free for running streams' growth when admitting a new stream (memory-aware admission)."""
+        return 0
+
+    def load_budget_blocks(self, view: SchedulerView) -> float:
+        """Blocks that the paused streams a rebalance brings back may reload until the next one (inf: no cap)."""
+        return float("inf")
+
+    def growth_tokens(self, stream: Stream) -> int:
+        """Tokens a stream in the rebalance's device set will add before the set is chosen again: the set must
+        hold them too (0: the next token only)."""
         return 0
 
     def refine(self, chosen: list[Stream], ranked: Sequence[Stream], view: SchedulerView) -> list[Stream]:

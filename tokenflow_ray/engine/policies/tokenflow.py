@@ -7,13 +7,6 @@ its current size N towards W_static at a damped rate. It is also capped by capac
 reach `overload_margin` × Γ (Γ: the decode capacity at the batch the device holds, cost_model.py); past that the
 policy falls back to FCFS with memory-aware admission and admits nobody new (§4.3, Eq. 6).
 
-[departure] The paper falls back at Σ rates > Γ. We fall back only at 2Γ by default: in a modest overload a
-newcomer's first token costs one prefill, while waiting for a whole stream to finish costs it seconds (tens at the
-paper's lengths: the SGLang TTFT the paper sets out to fix), and buffer balancing shares the shortfall among all
-readers. Beyond 2Γ every reader would get under half its rate; then FCFS serves the admitted ones well instead of
-all of them badly. Measured on the policy sweep (README): at 1.0-1.5x of Γ this keeps P99 TTFT at the prefill
-time and effective throughput near raw, and the price is stall time spread over the readers.
-
 Step 2, buffer balancing: streams are ranked by utility γ·e^(−b/T_critical) + v·t'/Δt (b: seconds of buffer the
 reader holds, normalised as the paper's notes advise; t': time kept off the device; v: the value of the stream's
 next token, its effective-throughput weight), higher rate breaking ties.
@@ -21,8 +14,38 @@ The greedy device set takes streams in that order while they fit; an adjacent-sw
 a smaller neighbour when that lets one more stream fit without displacing a buffer-critical one. A running
 stream outside the set is paused only if its buffer covers the switch: b ≥ μ·(τ_evict + τ_load + τ_schedule).
 The set is re-chosen every Δt, and only under stress (a stream waits, or some buffer is below T_critical).
-A paused stream comes back by reloading its host copy whenever its reader's buffer covers the reload, else by
-whichever of reload and recompute is sooner (`resume_by_load`, a departure from §4.2.3 explained there).
+
+The GPU regimes (issue 35; figures from the simulator, docs/results/simulator.md, tokenflow / fcfs, the
+fields' values before them in `AS_BEFORE`, which the first H200 runs used):
+- [departure] Ranking by tiers (`ranking`, `tier()`): who holds the device is decided first by need, then by
+  utility: a due stream (never started, or paused with its reader's buffer under its lead μ·(resume + Δt)), a
+  running stream whose next token has full value, a paused one whose would, then the streams ahead of their
+  readers by seconds of buffer, a running one's counted at half.
+  With the utility alone, a stream paused for one Δt outranked every running stream holding any buffer, so each
+  rebalance swapped about half the device set and reloaded whole contexts: H200 (b) moved 8.6 TB from the host,
+  raw 0.77x; by tiers 0.39 TB, raw 1.09x (P99 TTFT 0.044x either way). The price is effective throughput where
+  the engine has capacity to spare (H200 (b): 3.15x -> 1.44x): streams run ahead of their readers, while the old
+  rotation held every buffer low by throttling the engine with copies.
+- [extension] A rebalance starts reloads for at most `switch_link_share` of the host link's time until the next
+  one (`load_budget_blocks`): a reloading stream holds its blocks and decodes nothing until its last block lands.
+- [departure] Γ from decode steps alone (`capacity_from`): the step-time fit over all steps spread the GPU engine's
+  cold prefill steps (~61 ms a new prompt length) over its other terms, and its Γ swung from 0.5k to 3k tok/s in
+  the first seconds of the H200 run; with one-off steps clipped (cost_model.py) it holds. With
+  `overload_hysteresis` the fallback is left only at (1 − h)·margin·Γ: a Γ that moves by a few percent no longer
+  flips the policy (each flip re-ranks every stream). On the 4090's Poisson (c) the two cut recompute 370k -> 106k
+  tokens, raw 1.00x -> 1.06x.
+- The FCFS fallback's memory-aware admission (§4.3; `growth_reserve`): admissions and resumes leave the running
+  streams' growth until the next rebalance free. Without it the fallback packed the pool full and forced a stream
+  out at every block boundary: the measured H200 engine, (a) at 1/8, P99 TTFT 1.08x -> 0.94x.
+- [departure] Resume by reload unless a recompute is sooner by more than the batch it holds up
+  (`resume_by_load`, `recompute_weight`).
+
+[departure] Overload: the paper falls back at Σ rates > Γ. We fall back only at 2Γ by default: in a modest overload a
+newcomer's first token costs one prefill, while waiting for a whole stream to finish costs it seconds (tens at the
+paper's lengths), and buffer balancing shares the shortfall among all readers. Beyond 2Γ every reader would get
+under half its rate; then FCFS serves the admitted ones well instead of all of them badly. The price is stall time:
+in a sustained overload (the 4090's Poisson setups, 5-10x) the working set stays at 2Γ/r streams that each read at
+half their rate, 30k s of stall against fcfs's 19 s, for P99 TTFT 0.68x.
 
 [extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
 (paper §7.1.3: weight 0 once the buffer passes 20% of the length). D is when a work-conserving engine at its realized
@@ -36,8 +59,8 @@ device set turning as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 
 from tokenflow_ray.engine.policies.base import SchedulerView, SchedulingPolicy, arrival_key, waited_s
 from tokenflow_ray.engine.stream import Stream, StreamStatus
@@ -54,6 +77,12 @@ class TokenFlowConfig:
     overload_margin: float = 2.0  # fall back to FCFS when the working set's Σ rates > margin × Γ (docstring)
     pace: bool = False  # [extension] deadline-aware pacing (module docstring); off: see README
     pace_slack: float = 0.05  # paced generation may end this fraction of the time to D after D
+    capacity_from: str = "decode_steps"  # Γ from: decode steps' own clipped model | all steps (cost_model.py)
+    overload_hysteresis: float = 0.1  # leave the FCFS fallback at Σ rates < (1 - this) x margin x Γ
+    growth_reserve: bool = True  # in the FCFS fallback, admissions leave room for the running set's growth until Δt
+    ranking: str = "tiers"  # utility: by utility alone | tiers: due, then full-value running, then ... (rank())
+    switch_link_share: float | None = 0.25  # reloads a rebalance starts: at most this share of the link for Δt
+    recompute_weight: str = "batch"  # resume_by_load: t_recompute counts once ("one") or for the batch it delays
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
@@ -66,6 +95,32 @@ class TokenFlowConfig:
             raise ValueError(f"tokenflow.pace_slack: must be in [0, 1], got {self.pace_slack!r}")
         if not (math.isfinite(self.gamma) and self.gamma >= 0):
             raise ValueError(f"tokenflow.gamma: must be >= 0, got {self.gamma!r}")
+        if self.capacity_from not in ("decode_steps", "all_steps"):
+            raise ValueError(f"tokenflow.capacity_from: decode_steps or all_steps, got {self.capacity_from!r}")
+        if self.switch_link_share is not None and not (math.isfinite(self.switch_link_share)
+                                                       and self.switch_link_share > 0):
+            raise ValueError(f"tokenflow.switch_link_share: None or > 0, got {self.switch_link_share!r}")
+        if self.recompute_weight not in ("one", "batch"):
+            raise ValueError(f"tokenflow.recompute_weight: one or batch, got {self.recompute_weight!r}")
+        if self.ranking not in ("utility", "tiers"):
+            raise ValueError(f"tokenflow.ranking: utility or tiers, got {self.ranking!r}")
+        if not 0 <= self.overload_hysteresis < 1:
+            raise ValueError(f"tokenflow.overload_hysteresis: must be in [0, 1), got {self.overload_hysteresis!r}")
+
+    @classmethod
+    def as_run(cls, given: Mapping[str, object]) -> TokenFlowConfig:
+        """The config a recorded run used, from the fields it recorded: a field it does not name did not exist
+        when it ran and takes the value that behaves as before it existed (`AS_BEFORE`), so the simulator
+        replays an old run with the code that made it."""
+        known = {f.name for f in fields(cls)}
+        if unknown := set(given) - known:
+            raise ValueError(f"tokenflow config: unknown fields {sorted(unknown)}")
+        return cls(**{**AS_BEFORE, **given})
+
+
+# Fields added after the first GPU runs (commit 5e9bf8e), with the value that behaves as the code did before them.
+AS_BEFORE: dict[str, object] = {"capacity_from": "all_steps", "overload_hysteresis": 0.0, "growth_reserve": False,
+                                "ranking": "utility", "switch_link_share": None, "recompute_weight": "one"}
 
 
 class TokenFlowPolicy(SchedulingPolicy):
@@ -75,6 +130,7 @@ class TokenFlowPolicy(SchedulingPolicy):
 
     def __init__(self, config: TokenFlowConfig | None = None) -> None:
         self.config = config or TokenFlowConfig()
+        self._horizon = 0  # tokens a running stream adds before the next rebalance (growth_reserve)
         self._last_rebalance = -math.inf
         self.overloaded = False
         self.deadline = -math.inf  # D (pacing)
@@ -91,17 +147,60 @@ class TokenFlowPolicy(SchedulingPolicy):
         penalty = math.exp(-s.buffer_s(view.now) / c.t_critical)
         return c.gamma * penalty + self._next_token_value(s, view) * waited_s(s, view.now) / c.delta_t
 
+    def tier(self, s: Stream, view: SchedulerView) -> int:
+        """Who holds the device, before anything else (ranking="tiers"): 4 a stream that is due (never started, or
+        paused with its reader's buffer under its lead), 3 a running stream whose next token has full value (buffer
+        under 10% of its length), 2 a paused stream whose next token would, 1 the streams ahead of that (their next
+        token worth less). A running stream thus keeps its place until a due stream needs it or its tokens lose
+        value while a paused one's would not: the set turns when readers need it, not every Δt."""
+        if s.rate == 0:
+            return 4
+        running = s.status in (StreamStatus.RUNNING, StreamStatus.LOADING)
+        if not running and (s.first_token_time is None or s.buffer_s(view.now) < self.lead_s(s, view)):
+            return 4
+        if self._next_token_value(s, view) < 1.0:
+            return 1
+        return 3 if running else 2
+
+    def within_tier(self, s: Stream, view: SchedulerView) -> float:
+        """The order inside a tier, lower first: −utility, except among streams ahead of their readers (tier 1),
+        which go by seconds of buffer with a running stream's counted at half: a paused one takes its place only
+        when its reader holds under half as much (a reader whose rate went up, say), not whenever buffers cross."""
+        if s.rate > 0 and self.tier(s, view) == 1:
+            return s.buffer_s(view.now) * (0.5 if s.status in (StreamStatus.RUNNING, StreamStatus.LOADING) else 1.0)
+        return -self.utility(s, view)
+
+    def lead_s(self, s: Stream, view: SchedulerView) -> float:
+        """How long before its reader runs dry a paused stream must be chosen to come back in time: μ x (its
+        resume, by reload or recompute, + the wait for the next rebalance)."""
+        cost = view.cost
+        resume = min(cost.t_copy(view.blocks(s.num_tokens)), cost.t_recompute(s.num_tokens))
+        return self.config.mu * (resume + self.config.delta_t)
+
+    def capacity(self, view: SchedulerView) -> float:
+        """Γ at the batch the device can hold, from the step-time model: not the batch this policy chose to run,
+        which would make a policy that runs few streams measure little capacity and keep running few."""
+        if self.config.capacity_from == "decode_steps":
+            return view.cost.decode_step_capacity_tok_s(view.max_device_batch)
+        return view.cost.decode_capacity_tok_s(view.max_device_batch)
+
     def rank(self, streams: Sequence[Stream], view: SchedulerView) -> list[Stream]:
-        # Γ at the batch the device can hold, from the step-time model: not the batch this policy chose to run,
-        # which would make a policy that runs few streams measure little capacity and keep running few.
-        capacity = view.cost.decode_capacity_tok_s(view.max_device_batch)
-        self.overloaded = view.sum_rate > self.config.overload_margin * capacity
+        c = self.config
+        limit = c.overload_margin * self.capacity(view)
+        # Past margin x Γ the fallback holds until the demand is back under (1 - hysteresis) of it: a Γ that moves
+        # by a few percent must not flip the policy (each flip re-ranks every stream and churns the device set).
+        self.overloaded = view.sum_rate > (limit * (1 - c.overload_hysteresis) if self.overloaded else limit)
+        self.reserve_on_resume = c.growth_reserve and self.overloaded
+        if c.growth_reserve:
+            self._horizon = min(view.block_size, max(1, math.ceil(c.delta_t / max(view.cost.step_s, 1e-4))))
         # D uses the throughput at the batches actually run: Γ at max_num_seqs overstates it when memory keeps
         # the batch small, and an early D only disables pacing.
         if self.config.pace:
             self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
         if self.overloaded:
             return sorted(streams, key=arrival_key)
+        if c.ranking == "tiers":
+            return sorted(streams, key=self._tiered_key(view))
         return sorted(streams, key=self._rank_key(view))
 
     def _rank_key(self, view: SchedulerView):
@@ -130,6 +229,42 @@ class TokenFlowPolicy(SchedulingPolicy):
                 utility = gamma * exp(-(buffered / r if r > 0 else 0.0) / t_critical) + (
                     effective_weight(buffered, s.sampling.max_tokens) * waited / delta_t if waited else 0.0)
             return (-utility, -rate, s.arrival_time, s.stream_id)
+
+        return key
+
+    def _tiered_key(self, view: SchedulerView):
+        """rank()'s key for ranking="tiers": (−tier, within_tier, −rate, arrival), the reader queried once per
+        stream and the step's costs read once (rank runs every step over every live stream): what `tier`,
+        `within_tier` and `utility` compute, fused."""
+        c, cost, now = self.config, view.cost, view.now
+        gamma, t_crit, dt, mu, bs = c.gamma, c.t_critical, c.delta_t, c.mu, view.block_size
+        block_s = cost.block_bytes / cost.copy_bytes_per_s
+        fit = cost.fit
+        chunk, fixed, per_token = cost.prefill_chunk_tokens, fit.fixed_s, fit.prefill_s
+        active = (StreamStatus.RUNNING, StreamStatus.LOADING)
+        exp = math.exp
+
+        def key(s: Stream) -> tuple:
+            rate = s.rate
+            waited = waited_s(s, now)
+            if rate == 0:
+                return (-4, -(gamma + waited / dt), 0.0, s.arrival_time, s.stream_id)
+            tokens = s.reader.buffer_at(now)
+            b = tokens / rate
+            length = s.sampling.max_tokens
+            value = 1.0 if tokens <= 0.1 * length else max(0.0, (0.2 * length - tokens) / (0.1 * length))
+            running = s.status in active
+            if running:
+                tier = 3 if value >= 1.0 else 1
+            elif s.first_token_time is None:
+                tier = 4
+            else:
+                n = s.num_tokens
+                resume = min(-(-n // bs) * block_s, -(-n // chunk) * fixed + n * per_token)
+                tier = 4 if b < mu * (resume + dt) else (2 if value >= 1.0 else 1)
+            if tier == 1:
+                return (-1, b * 0.5 if running else b, -rate, s.arrival_time, s.stream_id)
+            return (-tier, -(gamma * exp(-b / t_crit) + value * waited / dt), -rate, s.arrival_time, s.stream_id)
 
         return key
 
@@ -191,15 +326,22 @@ class TokenFlowPolicy(SchedulingPolicy):
         return evict + load + self.config.delta_t
 
     def resume_by_load(self, stream: Stream, t_io: float, t_recompute: float, view: SchedulerView) -> bool:
-        """Reload whenever the reader's buffer covers the reload; otherwise the sooner of the two (paper §4.2.3).
+        """Reload whenever the reader's buffer covers the reload; otherwise reload unless a recompute is sooner by
+        more than the batch it holds up (paper §4.2.3: the sooner of the two).
 
         [departure] The paper recomputes whenever t_IO > t_recompute. But a recompute spends the device's compute,
-        which every running stream's next token waits on, while a reload spends only the copy link beside it; and
-        the queue-aware t_IO is long exactly when a rebalance has just paused and resumed many streams at once.
-        With the paper's rule the H200 profile (docs/sim/README.md) recomputed 14x its setup's output and ran at
-        0.33-0.40x fcfs's raw throughput; a reload the buffer hides costs the reader nothing."""
+        which every running stream's next token waits on, while a reload spends only the copy link beside it (and
+        the reloading stream's own blocks); and the queue-aware t_IO is long exactly when many streams resume at
+        once. With the paper's rule the H200 profile recomputed 14x its setup's output and ran at 0.33-0.40x fcfs's
+        raw throughput (docs/sim/README.md); a reload the buffer hides costs the reader nothing. When the buffer
+        does not cover it (deep overload: every buffer is empty), `recompute_weight="batch"` weighs the recompute
+        by the batch it delays, t_IO <= B·t_recompute with B the streams the device holds: on the measured H200
+        engine, (a) at 1/8, the stream-alone rule still recomputed 40k tokens (376k of 208k output when new shapes
+        cost nothing) and this one none, raw 0.81x -> 0.87x."""
         if stream.rate > 0 and t_io <= stream.buffer_s(view.now):
             return True
+        if self.config.recompute_weight == "batch":
+            return t_io <= view.max_device_batch * t_recompute
         return t_io <= t_recompute
 
     def may_preempt(self, stream: Stream, view: SchedulerView) -> bool:
@@ -208,6 +350,30 @@ class TokenFlowPolicy(SchedulingPolicy):
         return stream.buffer_s(view.now) >= self.config.mu * self.switch_cost_s(stream, view)
 
     # ---- step 1: working set ------------------------------------------------------------------------------
+    def load_budget_blocks(self, view: SchedulerView) -> float:
+        """The rotation rate against the copy budget: the reloads one rebalance starts may take at most
+        `switch_link_share` of the host link's time until the next one. A reloading stream holds its device blocks
+        and decodes nothing until its last block lands, and the reloads queue behind one another."""
+        share = self.config.switch_link_share
+        if share is None:
+            return float("inf")
+        cost = view.cost
+        return max(1.0, share * self.config.delta_t * cost.copy_bytes_per_s / cost.block_bytes)
+
+    def reserve_tokens(self, running: Sequence[Stream]) -> int:
+        """The FCFS fallback's memory-aware admission (growth_reserve, paper §4.3): the running streams' growth
+        until the next rebalance stays free, so a resume or an admission does not force a stream out at the next
+        block boundary. Outside the fallback a stream that needs room gets it from the rebalance, which pauses
+        the running streams with the most buffer: holding memory back there only delays newcomers."""
+        if not (self.config.growth_reserve and self.overloaded):
+            return 0
+        return sum(self.growth_tokens(s) for s in running)
+
+    def growth_tokens(self, stream: Stream) -> int:
+        if not (self.config.growth_reserve and self.overloaded):
+            return 0
+        return min(self._horizon, max(0, stream.sampling.max_tokens - stream.num_output_tokens))
+
     def admission_limit(self, view: SchedulerView) -> float:
         if self.overloaded:  # FCFS fallback: no new streams parked beside the ones already admitted
             return max(view.num_working, 1)
@@ -219,8 +385,7 @@ class TokenFlowPolicy(SchedulingPolicy):
         n = view.num_working
         w_sched = w_static - self.config.lam * (w_static - n) if n < w_static else float(w_static)
         if view.mean_rate > 0:
-            capacity = view.cost.decode_capacity_tok_s(view.max_device_batch)
-            w_sched = min(w_sched, self.config.overload_margin * capacity / view.mean_rate)
+            w_sched = min(w_sched, self.config.overload_margin * self.capacity(view) / view.mean_rate)
         return max(w_sched, 1.0)  # an empty working set always takes one stream: never a deadlock
 
     def refine(self, chosen: list[Stream], ranked: Sequence[Stream], view: SchedulerView) -> list[Stream]:

@@ -5,6 +5,12 @@
     tokenflow simulate --sweep rate|mu|delta_t  the rate sweep 20/25/30 tok/s, μ in {1, 20}, Δt in {0.5, 1, 1.5}
     tokenflow simulate --ablation               Table 2 (4090, setup b)
     tokenflow simulate validate --json P        the real CPU engine against the calibrated simulator
+    tokenflow simulate validate --real R1.json R2.json [--grid G.json] --json P
+                                                real GPU runs replayed on the profile fitted on them
+    tokenflow simulate --gpu h200-measured --setup a --length-scale 0.125    this engine as measured on an H200
+    tokenflow simulate --setup b --tokenflow as_before,ranking=tiers   the policy with some of its fields set
+    tokenflow simulate cpu-sweep [--calibration docs/sim/validate.json] --json P
+                                                the policy sweep's regimes on the CPU engine's calibrated law
     tokenflow simulate scale --streams 10000 --replicas 64
     tokenflow simulate --replicas 4 --router pinned --migration   each policy with and without live migration
 """
@@ -52,8 +58,18 @@ def _simulate(args: argparse.Namespace) -> int:
     migration = _migration_settings(args)  # refused up front where it does not apply
     if args.replica_gpus and args.action != "routing":
         raise ValueError("--replica-gpus: only with `tokenflow simulate routing`")
+    if (args.real or args.grid) and args.action != "validate":
+        raise ValueError("--real, --grid: only with `tokenflow simulate validate`")
+    if args.length_scale != 1.0 and (args.action != "run" or args.table or args.table_from or args.sweep
+                                     or args.ablation):
+        raise ValueError("--length-scale: only with a single setup run")
+    if args.tokenflow and (args.action not in ("run", "cpu-sweep") or args.table or args.table_from or args.sweep
+                           or args.ablation):
+        raise ValueError("--tokenflow: only with a single setup run or cpu-sweep")
     if args.action == "validate":
         return _validate(args)
+    if args.action == "cpu-sweep":
+        return _cpu_sweep(args)
     if args.action == "scale":
         return _scale(args)
     if args.action == "routing":
@@ -99,7 +115,10 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         out = experiments.run_setup(args.gpu, args.model, args.setup, policies, replicas=args.replicas,
                                     router=args.router, seed=args.seed, rate=args.rate, num_requests=args.requests,
-                                    checks=not args.no_checks, progress=progress, migration=migration)
+                                    checks=not args.no_checks, progress=progress, migration=migration,
+                                    length_scale=args.length_scale, tokenflow=tokenflow_config(args.tokenflow),
+                                    what_if=tuple(w.strip() for w in (args.what_if or "").split(",") if w.strip()))
+        out["setup"]["tokenflow"] = args.tokenflow
         print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{args.replicas}")
         _print_policies(out["policies"])
         if migration is not None:
@@ -121,6 +140,39 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def tokenflow_config(spec: str | None):
+    """TokenFlowConfig from `--tokenflow`: comma-separated KEY=VALUE fields over the defaults, or over the policy
+    as it ran on the first GPU runs when the list starts with `as_before` (tokenflow.AS_BEFORE)."""
+    from dataclasses import fields, replace
+
+    from tokenflow_ray.engine.policies import TokenFlowConfig
+    from tokenflow_ray.engine.policies.tokenflow import AS_BEFORE
+
+    if not spec:
+        return None
+    items = [i.strip() for i in spec.split(",") if i.strip()]
+    cfg = TokenFlowConfig()
+    if items and items[0] == "as_before":
+        cfg, items = replace(cfg, **AS_BEFORE), items[1:]
+    types = {f.name: f.type for f in fields(TokenFlowConfig)}
+    values = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in types:
+            raise ValueError(f"--tokenflow: expected as_before or KEY=VALUE with KEY a TokenFlowConfig field, got "
+                             f"{item!r}")
+        current = getattr(cfg, key)
+        if raw == "None":
+            values[key] = None
+        elif isinstance(current, bool):
+            values[key] = raw.lower() in ("1", "true", "yes")
+        elif isinstance(current, str):
+            values[key] = raw
+        else:
+            values[key] = float(raw)
+    return replace(cfg, **values)
+
+
 def _migration_settings(args: argparse.Namespace):
     if not args.migration:
         return None
@@ -135,11 +187,37 @@ def _migration_settings(args: argparse.Namespace):
 
 def _validate(args: argparse.Namespace) -> int:
     from tokenflow_ray.cli_args import write_json
-    from tokenflow_ray.sim.validate import ValidateConfig, print_validation, run_validation
+
+    if args.real:
+        import json
+        from pathlib import Path
+
+        from tokenflow_ray.sim.validate_real import print_validate_real, validate_real
+
+        grid = json.loads(Path(args.grid).read_text()) if args.grid else None
+        out = validate_real(args.real, grid=grid, checks=not args.no_checks)
+        print_validate_real(out)
+        write_json(args.json, out)
+        return 0
+    from tokenflow_ray.lab.sim_validate import ValidateConfig, print_validation, run_validation
 
     cfg = ValidateConfig(num_streams=args.streams or 40, seed=args.seed)
     out = run_validation(cfg, progress=print)
     print_validation(out)
+    write_json(args.json, out)
+    return 0
+
+
+def _cpu_sweep(args: argparse.Namespace) -> int:
+    from tokenflow_ray.cli_args import write_json
+    from tokenflow_ray.lab.sim_cpu_sweep import DEFAULT_CALIBRATION, run_cpu_sweep
+
+    cfg = tokenflow_config(args.tokenflow)
+    if cfg is not None and "delta_t=" not in args.tokenflow:
+        from dataclasses import replace
+
+        cfg = replace(cfg, delta_t=0.2)  # the policy bench's Δt, as the sweep runs it
+    out = run_cpu_sweep(args.calibration or DEFAULT_CALIBRATION, cfg)
     write_json(args.json, out)
     return 0
 
@@ -176,22 +254,42 @@ def _routing(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tokenflow_ray.sim.hardware import GPU_NAMES, MODEL_NAMES
+    from tokenflow_ray.sim.hardware import MODEL_NAMES, PROFILE_NAMES
     from tokenflow_ray.sim.setups import DEFAULT_RATE, SETUP_NAMES
     from tokenflow_ray.sim.simulator import ROUTERS
 
     p = sub.add_parser("simulate", help="discrete-event simulator: the real scheduler on a GPU cost model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", nargs="?", default="run", choices=("run", "validate", "scale", "routing"),
-                   help="run (default): a setup; validate: CPU engine vs calibrated sim; scale: a large cluster; "
-                        "routing: slack, pow2 and round_robin on the same requests (--replica-gpus, --setup a,d)")
-    p.add_argument("--gpu", default=None, choices=GPU_NAMES, help="default h200 (4090 with --ablation)")
+    p.add_argument("action", nargs="?", default="run",
+                   choices=("run", "validate", "scale", "routing", "cpu-sweep"),
+                   help="run (default): a setup; validate: CPU engine vs calibrated sim (--real: GPU runs); scale: "
+                        "a large cluster; routing: slack, pow2 and round_robin on the same requests "
+                        "(--replica-gpus, --setup a,d); cpu-sweep: the policy sweep's regimes on the CPU law")
+    p.add_argument("--calibration", default=None, metavar="VALIDATE.json",
+                   help="cpu-sweep: `simulate validate`'s JSON to take the CPU engine's laws from "
+                        "(default docs/sim/validate.json)")
+    p.add_argument("--gpu", default=None, choices=PROFILE_NAMES,
+                   help="default h200 (4090 with --ablation); h200-measured: this engine as measured on an H200")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="prompt and output lengths x this (rounded, at least 8 / 16 tokens), KV pools with them: "
+                        "0.125 is how the H200 runs at 1/8 were made")
+    p.add_argument("--tokenflow", default=None, metavar="SPEC",
+                   help="tokenflow's config for a single setup run: KEY=VALUE,... over the defaults, or as_before[,"
+                        "KEY=VALUE...] over the policy as the first GPU runs ran it (TokenFlowConfig.as_run)")
+    p.add_argument("--what-if", default=None, metavar="LIST",
+                   help="with a measured profile: no_shape_cost (new attention shapes free, as with bucketed "
+                        "shapes) and/or fcfs_law (every policy at fcfs's per-step law), comma-separated")
+    p.add_argument("--real", nargs="+", default=None, metavar="RUN.json",
+                   help="validate: real GPU serving runs (the format of ../shared/data/h200/setup_a_eighth_*.json) "
+                        "to calibrate on and replay")
+    p.add_argument("--grid", default=None, metavar="GRID.json",
+                   help="validate --real: a step grid (step_grid.json) to check the fitted law against")
     p.add_argument("--model", default="llama3-8b", choices=MODEL_NAMES)
     p.add_argument("--setup", default=None,
                    help=f"Table 1 setup (serving-paper.md §5), one of {', '.join(SETUP_NAMES)}; default a (b with "
                         "--ablation); routing: a comma-separated list (default a,d)")
     p.add_argument("--replica-gpus", default=None,
-                   help=f"routing: one device per replica, comma-separated ({', '.join(GPU_NAMES)}), e.g. "
+                   help=f"routing: one device per replica, comma-separated ({', '.join(PROFILE_NAMES)}), e.g. "
                         "h200,h200,a6000,a6000; default --replicas (at least 2) of --gpu")
     p.add_argument("--policy", default="fcfs,andes,tokenflow", help="comma-separated policies")
     p.add_argument("--replicas", type=int, default=1)
