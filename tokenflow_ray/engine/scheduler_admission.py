@@ -1,0 +1,212 @@
+"""Who holds the device, a part of Scheduler (scheduler.py): the rebalance that chooses the device set and pauses
+streams outside it, admission and resume in the policy's order (reload or recompute), and the mechanics the step
+shares with them: a stream's next chunk and a preemption (to the host store or to recompute).
+
+A mixin: it uses the scheduler's config, cache config, block pool, policy, KV manager, cost model, `streams`,
+`by_status`, and the runner-facing state (`_announced`, `_table_sent`, `_swap_blocks`, `_leaving`,
+`_working_sums`), all set in Scheduler.__init__.
+"""
+
+from __future__ import annotations
+
+from tokenflow_ray.engine.plan import ScheduledChunk
+from tokenflow_ray.engine.policies import SchedulerView
+from tokenflow_ray.engine.sampling import SamplingParams
+from tokenflow_ray.engine.stream import Stream, StreamStatus
+
+_ACTIVE = (StreamStatus.RUNNING, StreamStatus.LOADING)
+_new_tuple = tuple.__new__
+
+
+class SchedulerAdmission:
+    # ---- rebalance and admission ------------------------------------------------------------------------------
+    def _rebalance(self, ranked: list[Stream], view: SchedulerView) -> tuple[list[Stream], list[str]]:
+        """Choose the device set and pause running streams outside it, as many as the incoming streams need.
+        Returns (the chosen set in rank order, the streams paused)."""
+        limit = self.policy.admission_limit(view)
+        chosen: list[Stream] = []
+        used = 0
+        working = view.num_working
+        for s in ranked:
+            if len(chosen) >= self.config.max_num_seqs:
+                break
+            if s.stream_id in self._leaving:
+                continue
+            is_new = s.status == StreamStatus.WAITING and not s.num_preemptions
+            if is_new and working >= limit:
+                continue
+            need = self.pool.blocks_for_tokens(s.num_tokens + 1 + self.policy.growth_tokens(s))
+            if used + need <= self.pool.num_blocks:
+                chosen.append(s)
+                used += need
+                working += is_new  # only a stream that joins the set grows the working set
+        chosen = self.policy.refine(chosen, ranked, view)
+        members = {s.stream_id for s in chosen}
+        incoming = self._admissible_before_next_rebalance([s for s in chosen if s.status not in _ACTIVE],
+                                                          len(chosen), view)
+        # The incoming streams need blocks and sequence slots: the set is capped by max_num_seqs as well as memory.
+        deficit = sum(self.pool.blocks_for_tokens(s.num_tokens + 1) for s in incoming) - self.pool.num_free
+        slots = len(self.by_status(*_ACTIVE)) + len(incoming) - self.config.max_num_seqs
+        paused: list[str] = []
+        for s in reversed(ranked):
+            if deficit <= 0 and slots <= 0:
+                break
+            if s.status == StreamStatus.RUNNING and s.stream_id not in members and self.policy.may_preempt(s, view):
+                deficit -= len(s.block_ids)
+                slots -= 1
+                self._preempt(s, view)
+                paused.append(s.stream_id)
+        return chosen, paused
+
+    def _admissible_before_next_rebalance(self, incoming: list[Stream], set_size: int,
+                                          view: SchedulerView) -> list[Stream]:
+        """The incoming streams (rank order) whose prefill the steps until the next rebalance can take: pausing
+        a running stream for one that cannot start yet only stalls its reader. Paused streams that come back by
+        reload also share the policy's load budget (`load_budget_blocks`); one past it waits for a later rebalance
+        while the streams behind it that need no reload still come in."""
+        steps = max(1.0, self.policy.rebalance_interval_s / max(view.cost.step_s, 1e-4))
+        per_step = max(1, self.config.max_num_batched_tokens - (set_size - len(incoming)))  # decodes come first
+        budget = steps * per_step
+        loads = self.policy.load_budget_blocks(view)
+        taken: list[Stream] = []
+        for s in incoming:
+            if s.status == StreamStatus.PREEMPTED and s.num_host_tokens:
+                need = self.pool.blocks_for_tokens(s.num_host_tokens)
+                if taken and need > loads:
+                    continue
+                loads -= need
+            budget -= s.num_uncomputed_tokens
+            if taken and budget < 0:
+                break
+            taken.append(s)
+        return taken
+
+    def _admit(self, order: list[Stream], view: SchedulerView, budget: int, prefills: list[ScheduledChunk],
+               new_streams: list[tuple[str, SamplingParams]], preempted_now: set[str]) -> int:
+        """Admit or resume streams in the given order; a stream that cannot start stops the walk (the order is
+        the policy's, so nobody behind it jumps ahead)."""
+        num_active = reserve = -1  # computed at the first candidate: a step with none (all decoding) skips them
+        limit = self.policy.admission_limit(view)
+        working = view.num_working
+        waiting, paused = StreamStatus.WAITING, StreamStatus.PREEMPTED
+        max_num_seqs, leaving = self.config.max_num_seqs, self._leaving
+        if working >= limit:
+            # No new stream joins this step (the working set only grows below), and a stream's status changes
+            # only when the walk reaches it: the walk meets exactly the paused streams and those to recompute.
+            order = [s for s in order if s.status == paused or (s.status == waiting and s.record.preemptions)]
+        # The walk passes every live stream each step: the skips first and cheapest. A skip changes nothing, so
+        # taking a new stream's skip before the checks below that break the walk gives the same walk (a break
+        # they would make at a skipped stream, the next stream that is not skipped makes, or the walk ends).
+        for stream in order:
+            status = stream.status
+            if status == waiting:
+                is_new = not stream.record.preemptions
+                if is_new and working >= limit:
+                    continue  # the working set is full: new streams wait, resumes still go ahead
+            elif status == paused:
+                is_new = False
+            else:
+                continue  # running or loading
+            if num_active < 0:  # nothing below has changed a stream yet: the same as computing them up front
+                active = self.by_status(*_ACTIVE)
+                num_active = len(active)
+                reserve = self.policy.reserve_tokens(active)  # grows with each stream admitted below
+            if budget <= 0 or num_active >= max_num_seqs:
+                break
+            if stream.stream_id in preempted_now or stream.stream_id in leaving:
+                continue  # paused this step (its tail is still being copied), or about to move to another engine
+            if not is_new and self.policy.reserve_on_resume and self.pool.num_free - self.pool.blocks_for_tokens(
+                    stream.num_tokens) < self.pool.blocks_for_tokens(reserve):
+                break  # a resume, too, leaves the running streams room to grow (keep rank order)
+            if status == paused:
+                if self._resume_by_load(stream, view):
+                    if not self.kv.start_load(stream):
+                        break  # no memory: keep rank order
+                    stream.status = StreamStatus.LOADING
+                    self._announce(stream, new_streams)  # an imported stream's first plan here may be its load
+                    num_active += 1
+                    reserve += self.policy.reserve_tokens([stream])
+                    continue
+                first = self.pool.blocks_for_tokens(min(stream.num_tokens, budget))
+                if not self.pool.can_allocate(first):
+                    break  # keep the host copy: nothing is gained by dropping it without room to recompute
+                stream.record.record_recompute(stream.num_host_tokens)
+                self.kv.release_host(stream)
+                stream.status = StreamStatus.WAITING
+            n = self._chunk_len(stream, budget)
+            if is_new and self.pool.num_free - self.pool.blocks_for_tokens(n) < self.pool.blocks_for_tokens(reserve):
+                break  # memory-aware admission: running streams keep room to grow
+            if n == 0 or not self.kv.grow(stream, n):
+                break  # head-of-line: admission keeps the policy's order
+            stream.status = StreamStatus.RUNNING
+            prefills.append(self._chunk(stream, n))
+            self._announce(stream, new_streams)
+            if is_new:  # it joins the working set
+                working += 1
+                self._working_sums = None
+            num_active += 1
+            budget -= n
+            reserve += self.policy.reserve_tokens([stream])
+        return budget
+
+    def _announce(self, stream: Stream, new_streams: list[tuple[str, SamplingParams]]) -> None:
+        """The runner learns a stream's sampling parameters with the first plan that schedules it."""
+        if stream.stream_id not in self._announced:
+            self._announced.add(stream.stream_id)
+            new_streams.append((stream.stream_id, stream.sampling))
+
+    def _resume_by_load(self, stream: Stream, view: SchedulerView | None = None) -> bool:
+        """Reload or recompute, with the copies queued ahead of it now: tails being evicted this step and loads
+        still waiting (paper §4.2.3, t_IO against t_recompute). The policy weighs the two (`resume_by_load`);
+        without a view, the paper's rule: the sooner."""
+        if stream.num_host_tokens == 0 or self.cache.resume_mode == "recompute":
+            return False
+        if self.cache.resume_mode == "load":
+            return True
+        t_io = self.cost.t_io(load_blocks=self.pool.blocks_for_tokens(stream.num_host_tokens),
+                              evict_blocks=self.kv.planned_evict_blocks, queued_blocks=self.kv.queued_load_blocks)
+        t_recompute = self.cost.t_recompute(stream.num_host_tokens)
+        if view is None:
+            return t_io <= t_recompute
+        return self.policy.resume_by_load(stream, t_io, t_recompute, view)
+
+    # ---- mechanics --------------------------------------------------------------------------------------------
+    def _chunk_len(self, stream: Stream, budget: int) -> int:
+        remaining = stream.num_uncomputed_tokens
+        if remaining <= budget:
+            return remaining
+        if self.config.chunked_prefill:
+            return budget
+        # Unchunked, a recompute that outgrew the budget would never run: let it chunk when it has the step alone.
+        return budget if budget == self.config.max_num_batched_tokens else 0
+
+    def _chunk(self, stream: Stream, n: int) -> ScheduledChunk:
+        start, blocks, sid = stream.num_computed_tokens, stream.block_ids, stream.stream_id
+        table_sent = self._table_sent
+        sent, held = table_sent.get(sid, 0), len(blocks)
+        if held != sent:
+            table_sent[sid] = held
+        prompt, out = stream.prompt_token_ids, stream.output_token_ids
+        p = len(prompt)
+        # A decode's one token, read directly (every running stream, every step); longer chunks slice.
+        tokens = (out[start - p],) if n == 1 and start >= p else stream.token_ids(start, start + n)
+        # Positional: stream_id, token_ids, start_pos, new_blocks, first_block, sample; made as the tuple it is
+        # (a NamedTuple's own __new__ is a Python call: 2.5x the cost, per running stream per step).
+        new_blocks = tuple(blocks[sent:]) if held > sent else ()
+        return _new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
+
+    def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
+        self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)
+        to_host = self.policy.uses_host_store if to_host is None else to_host
+        swapped = self.kv.swap_out(stream) if to_host else None
+        if swapped is not None:
+            self._swap_blocks[stream.stream_id] = swapped
+            stream.status = StreamStatus.PREEMPTED
+        else:  # recompute: everything computed so far is computed again later
+            stream.record.record_recompute(stream.num_computed_tokens)
+            self.kv.release_device(stream)
+            self.kv.release_host(stream)
+            stream.status = StreamStatus.WAITING
+        stream.last_preempted_at = view.now
+        stream.record.record_preemption()
+        self.policy.on_preempt(stream, view)
