@@ -18,7 +18,7 @@ from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConf
 from tokenflow_ray.engine.cost_model import MIN_DECODE_STEPS, CostModel
 from tokenflow_ray.engine.policies import TokenFlowConfig, TokenFlowPolicy
 from tokenflow_ray.engine.policies.base import SchedulerView
-from tokenflow_ray.engine.policies.tokenflow import AS_BEFORE
+from tokenflow_ray.engine.policies.tokenflow_config import AS_BEFORE
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.step_time_model import StepTimeFit, StepTimeModel

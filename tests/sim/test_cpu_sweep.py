@@ -9,7 +9,7 @@ import pytest
 
 def test_tokenflow_spec_sets_fields_over_the_defaults_or_the_policy_as_it_ran():
     from tokenflow_ray.engine.policies import TokenFlowConfig
-    from tokenflow_ray.engine.policies.tokenflow import AS_BEFORE
+    from tokenflow_ray.engine.policies.tokenflow_config import AS_BEFORE
     from tokenflow_ray.lab.sim_cli import tokenflow_config
 
     assert tokenflow_config(None) is None

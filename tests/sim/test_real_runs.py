@@ -14,7 +14,7 @@ import pytest
 from tests.sim.synthetic_runs import COLD, LAW, LINK, make_run
 from tokenflow_ray.cli import main
 from tokenflow_ray.engine.policies import TokenFlowConfig
-from tokenflow_ray.engine.policies.tokenflow import AS_BEFORE
+from tokenflow_ray.engine.policies.tokenflow_config import AS_BEFORE
 from tokenflow_ray.sim.calibrate_gpu import fit_measured, grid_check, speed_trace
 from tokenflow_ray.sim.real_runs import RunFormatError, parse_real_run, read_real_run
 

@@ -146,7 +146,7 @@ def tokenflow_config(spec: str | None):
     from dataclasses import fields, replace
 
     from tokenflow_ray.engine.policies import TokenFlowConfig
-    from tokenflow_ray.engine.policies.tokenflow import AS_BEFORE
+    from tokenflow_ray.engine.policies.tokenflow_config import AS_BEFORE
 
     if not spec:
         return None

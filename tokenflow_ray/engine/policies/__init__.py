@@ -5,7 +5,8 @@ from __future__ import annotations
 from tokenflow_ray.engine.policies.andes import AndesConfig, AndesPolicy
 from tokenflow_ray.engine.policies.base import SchedulerView, SchedulingPolicy
 from tokenflow_ray.engine.policies.fcfs import FCFSPolicy
-from tokenflow_ray.engine.policies.tokenflow import TokenFlowConfig, TokenFlowPolicy
+from tokenflow_ray.engine.policies.tokenflow import TokenFlowPolicy
+from tokenflow_ray.engine.policies.tokenflow_config import TokenFlowConfig
 
 POLICY_NAMES = ("fcfs", "andes", "tokenflow")
 

@@ -47,80 +47,20 @@ under half its rate; then FCFS serves the admitted ones well instead of all of t
 in a sustained overload (the 4090's Poisson setups, 5-10x) the working set stays at 2Γ/r streams that each read at
 half their rate, 30k s of stall against fcfs's 19 s, for P99 TTFT 0.68x.
 
-[extension] Deadline-aware pacing. A token generated far ahead of its reader has no effective-throughput value
-(paper §7.1.3: weight 0 once the buffer passes 20% of the length). D is when a work-conserving engine at its realized
-decode throughput would have finished every live stream's remaining tokens; a running stream that holds its target
-buffer (10% of its length, at most T_critical of reading, at least a few steps) and is ahead of the uniform
-schedule from its first token to D is skipped. D only moves out by new work, never by pacing itself, so pacing
-cannot stretch the makespan past D by more than `pace_slack`; when memory is short, paused streams keep the
-device set turning as before.
+[extension] Deadline-aware pacing (`pace`, on; pacing.py): a stream far ahead of its reader yields the device
+for a step while it stays on schedule to finish by D, when a work-conserving engine at Γ would have finished.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
 
 from tokenflow_ray.engine.policies.base import SchedulerView, SchedulingPolicy, arrival_key, waited_s
+from tokenflow_ray.engine.policies.pacing import Pacer
+from tokenflow_ray.engine.policies.tokenflow_config import TokenFlowConfig
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 from tokenflow_ray.metrics.stream_metrics import effective_weight
-
-
-@dataclass(frozen=True)
-class TokenFlowConfig:
-    delta_t: float = 0.5  # Δt: seconds between working-set decisions
-    mu: float = 2.0  # buffer conservativeness: a victim's buffer must cover μ × the switch cost
-    lam: float = 0.5  # λ: working-set adjustment rate (0: jump to W_static; towards 1: grow ever slower)
-    gamma: float = 1.0  # γ: weight of the buffer penalty against time kept waiting
-    t_critical: float = 1.0  # seconds of buffer under which a stream is critical (stress trigger, penalty scale)
-    overload_margin: float = 2.0  # fall back to FCFS when the working set's Σ rates > margin × Γ (docstring)
-    pace: bool = False  # [extension] deadline-aware pacing (module docstring); off: see README
-    pace_slack: float = 0.05  # paced generation may end this fraction of the time to D after D
-    capacity_from: str = "decode_steps"  # Γ from: decode steps' own clipped model | all steps (cost_model.py)
-    overload_hysteresis: float = 0.1  # leave the FCFS fallback at Σ rates < (1 - this) x margin x Γ
-    growth_reserve: bool = True  # in the FCFS fallback, admissions leave room for the running set's growth until Δt
-    ranking: str = "tiers"  # utility: by utility alone | tiers: due, then full-value running, then ... (rank())
-    switch_link_share: float | None = 0.25  # reloads a rebalance starts: at most this share of the link for Δt
-    recompute_weight: str = "batch"  # resume_by_load: t_recompute counts once ("one") or for the batch it delays
-
-    def __post_init__(self) -> None:
-        for name in ("delta_t", "mu", "t_critical", "overload_margin"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"tokenflow.{name}: must be a finite number > 0, got {value!r}")
-        if not 0.0 <= self.lam < 1.0:  # λ = 1 would freeze the working set at its current size forever
-            raise ValueError(f"tokenflow.lam: must be in [0, 1), got {self.lam!r}")
-        if not (isinstance(self.pace_slack, (int, float)) and 0 <= self.pace_slack <= 1):
-            raise ValueError(f"tokenflow.pace_slack: must be in [0, 1], got {self.pace_slack!r}")
-        if not (math.isfinite(self.gamma) and self.gamma >= 0):
-            raise ValueError(f"tokenflow.gamma: must be >= 0, got {self.gamma!r}")
-        if self.capacity_from not in ("decode_steps", "all_steps"):
-            raise ValueError(f"tokenflow.capacity_from: decode_steps or all_steps, got {self.capacity_from!r}")
-        if self.switch_link_share is not None and not (math.isfinite(self.switch_link_share)
-                                                       and self.switch_link_share > 0):
-            raise ValueError(f"tokenflow.switch_link_share: None or > 0, got {self.switch_link_share!r}")
-        if self.recompute_weight not in ("one", "batch"):
-            raise ValueError(f"tokenflow.recompute_weight: one or batch, got {self.recompute_weight!r}")
-        if self.ranking not in ("utility", "tiers"):
-            raise ValueError(f"tokenflow.ranking: utility or tiers, got {self.ranking!r}")
-        if not 0 <= self.overload_hysteresis < 1:
-            raise ValueError(f"tokenflow.overload_hysteresis: must be in [0, 1), got {self.overload_hysteresis!r}")
-
-    @classmethod
-    def as_run(cls, given: Mapping[str, object]) -> TokenFlowConfig:
-        """The config a recorded run used, from the fields it recorded: a field it does not name did not exist
-        when it ran and takes the value that behaves as before it existed (`AS_BEFORE`), so the simulator
-        replays an old run with the code that made it."""
-        known = {f.name for f in fields(cls)}
-        if unknown := set(given) - known:
-            raise ValueError(f"tokenflow config: unknown fields {sorted(unknown)}")
-        return cls(**{**AS_BEFORE, **given})
-
-
-# Fields added after the first GPU runs (commit 5e9bf8e), with the value that behaves as the code did before them.
-AS_BEFORE: dict[str, object] = {"capacity_from": "all_steps", "overload_hysteresis": 0.0, "growth_reserve": False,
-                                "ranking": "utility", "switch_link_share": None, "recompute_weight": "one"}
 
 
 class TokenFlowPolicy(SchedulingPolicy):
@@ -133,8 +73,8 @@ class TokenFlowPolicy(SchedulingPolicy):
         self._horizon = 0  # tokens a running stream adds before the next rebalance (growth_reserve)
         self._last_rebalance = -math.inf
         self.overloaded = False
-        self.deadline = -math.inf  # D (pacing)
-        self._accounted: set[str] = set()  # live streams whose work D includes
+        c = self.config
+        self.pacer = Pacer(c.pace_buffer, c.pace_min_read_share, c.pace_slack)
 
     # ---- step 2: ranking ----------------------------------------------------------------------------------
     def utility(self, s: Stream, view: SchedulerView) -> float:
@@ -193,10 +133,8 @@ class TokenFlowPolicy(SchedulingPolicy):
         self.reserve_on_resume = c.growth_reserve and self.overloaded
         if c.growth_reserve:
             self._horizon = min(view.block_size, max(1, math.ceil(c.delta_t / max(view.cost.step_s, 1e-4))))
-        # D uses the throughput at the batches actually run: Γ at max_num_seqs overstates it when memory keeps
-        # the batch small, and an early D only disables pacing.
-        if self.config.pace:
-            self._track_deadline(streams, view.now, view.cost.realized_decode_tok_s())
+        if c.pace:
+            self.pacer.track(streams, view.now, self.capacity(view), view.cost.step_s, active=not self.overloaded)
         if self.overloaded:
             return sorted(streams, key=arrival_key)
         if c.ranking == "tiers":
@@ -244,6 +182,9 @@ class TokenFlowPolicy(SchedulingPolicy):
         active = (StreamStatus.RUNNING, StreamStatus.LOADING)
         exp = math.exp
 
+        def resume_s(n: int) -> float:
+            return min(-(-n // bs) * block_s, -(-n // chunk) * fixed + n * per_token)
+
         def key(s: Stream) -> tuple:
             rate = s.rate
             waited = waited_s(s, now)
@@ -259,9 +200,7 @@ class TokenFlowPolicy(SchedulingPolicy):
             elif s.first_token_time is None:
                 tier = 4
             else:
-                n = s.num_tokens
-                resume = min(-(-n // bs) * block_s, -(-n // chunk) * fixed + n * per_token)
-                tier = 4 if b < mu * (resume + dt) else (2 if value >= 1.0 else 1)
+                tier = 4 if b < mu * (resume_s(s.num_tokens) + dt) else (2 if value >= 1.0 else 1)
             if tier == 1:
                 return (-1, b * 0.5 if running else b, -rate, s.arrival_time, s.stream_id)
             return (-tier, -(gamma * exp(-b / t_crit) + value * waited / dt), -rate, s.arrival_time, s.stream_id)
@@ -273,8 +212,13 @@ class TokenFlowPolicy(SchedulingPolicy):
         return self.config.delta_t
 
     def should_rebalance(self, streams: Sequence[Stream], view: SchedulerView) -> bool:
-        if self.overloaded or view.now - self._last_rebalance < self.config.delta_t:
+        if self.overloaded:
             return False
+        if view.now - self._last_rebalance < self.config.delta_t:
+            # A new stream does not wait for the next Δt while pacing holds streams that could make room for it.
+            if not (self.pacer.active and any(s.status == StreamStatus.WAITING and s.first_token_time is None
+                                         for s in streams)):
+                return False
         stressed = any(s.status in (StreamStatus.WAITING, StreamStatus.PREEMPTED) or (
             s.rate > 0 and s.first_token_time is not None and s.buffer_s(view.now) < self.config.t_critical)
             for s in streams)
@@ -282,39 +226,15 @@ class TokenFlowPolicy(SchedulingPolicy):
             self._last_rebalance = view.now
         return stressed
 
-    # ---- pacing [extension] ---------------------------------------------------------------------------------
-    def _track_deadline(self, streams: Sequence[Stream], now: float, capacity: float) -> None:
-        remaining = {s.stream_id: s.sampling.max_tokens - s.num_output_tokens for s in streams}
-        new_work = sum(r for sid, r in remaining.items() if sid not in self._accounted)
-        self._accounted = set(remaining)
-        # New streams push D out by their work; a better capacity estimate may pull it in; time spent paced never
-        # pushes it out (that would let pacing stretch the makespan step by step).
-        self.deadline = min(max(self.deadline, now) + new_work / capacity, now + sum(remaining.values()) / capacity)
-
-    def pace_target_tokens(self, s: Stream, view: SchedulerView) -> float:
-        """Buffer a paced stream is held at: inside the weight-1 zone (10% of its length), at most T_critical of
-        reading, but never under four steps of reading (step jitter must not stall the reader)."""
-        length = s.sampling.max_tokens
-        return max(min(0.1 * length, s.rate * self.config.t_critical), s.rate * 4 * view.cost.step_s)
-
     def hold(self, running: Sequence[Stream], view: SchedulerView) -> set[str]:
-        """Skip a running stream this step when its reader holds its target buffer and the stream is ahead of the
-        uniform schedule that finishes it at D: generation leads reading by a buffer that grows evenly instead of
-        jumping far ahead at full speed (tokens far ahead have no effective value), and still ends by D."""
-        if not self.config.pace or self.overloaded:
+        """The running streams pacing holds back this step (pacing.py), each one the rebalance may pause: a held
+        stream that could not be paused would sit on a slot and blocks that a waiting stream needs while computing
+        nothing (a burst of 40 streams into 16 slots idled ~50 steps so). Their readers hold over 20% of their
+        length, so they rank in the lowest tier, by buffer: the first paused when others need the device."""
+        if not self.config.pace:
             return set()
-        end = view.now + (self.deadline - view.now) * (1 + self.config.pace_slack)
-        held = set()
-        for s in running:
-            if s.rate <= 0 or s.first_token_time is None or s.num_uncomputed_tokens != 1:
-                continue  # unpaced, not started, or mid-prefill
-            span = end - s.first_token_time
-            on_schedule = s.sampling.max_tokens * min(1.0, (view.now - s.first_token_time) / span) if span > 0 \
-                else float(s.sampling.max_tokens)
-            if s.num_output_tokens >= on_schedule and \
-                    s.reader.buffer_at(view.now) >= self.pace_target_tokens(s, view):
-                held.add(s.stream_id)
-        return held
+        now = view.now
+        return {s.stream_id for s in self.pacer.candidates(running, now) if self.may_preempt(s, view)}
 
     def _next_token_value(self, s: Stream, view: SchedulerView) -> float:
         return effective_weight(s.reader.buffer_at(view.now), s.sampling.max_tokens)
