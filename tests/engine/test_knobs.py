@@ -3,13 +3,8 @@
 import pytest
 
 from tests.engine.factories import make_fake_engine
-<<<<<<< HEAD
 from tokenflow_ray.engine.config import ModelConfig
-from tokenflow_ray.engine.policies import AndesConfig, AndesPolicy, TokenFlowConfig
-=======
-from tokenflow_ray.engine.config import EngineConfig, ModelConfig
 from tokenflow_ray.engine.policies import AndesConfig, AndesPolicy
->>>>>>> main
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import StreamStatus
 
