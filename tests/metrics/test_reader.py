@@ -60,8 +60,9 @@ def test_matches_recurrence(gaps, rate, query_gaps):
         assert reader.buffer_seconds_at(t) == pytest.approx((k - consumed) / rate)
     end = max(gen_times[-1], queries[-1])
     reader.finish(end)
-    assert reader.stall_time_at(end + 100.0) == pytest.approx(sum(stalls), abs=1e-6)
-    assert reader.buffer_at(end + 100.0) == 0  # after finish the reader still drains the buffer
+    drained = end + len(gen_times) / rate + 1.0  # late enough to read every token (40 at 0.25 tok/s take 160 s)
+    assert reader.stall_time_at(drained) == pytest.approx(sum(stalls), abs=1e-6)
+    assert reader.buffer_at(drained) == 0  # after finish the reader still drains the buffer
 
 
 def test_batched_tokens_equal_single_tokens():
