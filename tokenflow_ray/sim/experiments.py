@@ -153,7 +153,7 @@ def knob_sweep(gpu: str, model: str, name: str, knob: str, values: Sequence[floa
 
 
 def ablation(gpu: str = "4090", model: str = "llama3-8b", name: str = "b", seed: int = 0) -> dict:
-    """Table 2: tokenflow without offload, write-through, or evict/load overlap (bench/policy_bench.py's
+    """Table 2: tokenflow without offload, write-through, or evict/load overlap (lab/policy_bench.py's
     ABLATIONS, the same cache-config changes the real engine bench makes)."""
     setup = paper_setup(gpu, name)
     requests = setup_requests(setup, seed=seed, max_total=deployment(gpu, model).model.max_model_len)
