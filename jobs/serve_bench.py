@@ -6,7 +6,7 @@
         [--streams 16] [--max-tokens 48] [--rate 16] [--burst-s 0.5] [--json PATH]
 
 The last line of the job's output is one JSON object: `policies: {<policy>: {ttft_p99_s, effective_tput, raw_tput,
-stall_s, ...}}` (design.md, `tokenflow demo`), plus the app, its URL and whether the job deployed it.
+stall_s, ...}}` (docs/design.md §10, `tokenflow demo`), plus the app, its URL and whether the job deployed it.
 """
 
 import argparse

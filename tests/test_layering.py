@@ -3,7 +3,8 @@ modules, no source file over 400 lines, and the pure rooms free of torch and Ray
 
 A room is a top-level subpackage or module of tokenflow_ray (serve/ is three rooms and the app: its roles). An import
 may name its own room or one declared before it; an import from a room declared later runs back up the house.
-`python scripts/import_graph.py` draws the same picture (rooms, cycles, upward imports, long files).
+`python scripts/import_graph.py` draws the same picture (rooms, cycles, upward imports, long files). The rules in
+words: docs/design.md §2.
 """
 
 from __future__ import annotations

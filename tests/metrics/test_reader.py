@@ -13,7 +13,7 @@ TOL = 1e-6
 
 
 def reference(gen_times: list[float], rate: float) -> tuple[list[float], list[float]]:
-    """The design.md recurrence: consumption times c_j and the stall added by each token."""
+    """The recurrence of docs/design.md §6.1: consumption times c_j and the stall added by each token."""
     period = 1.0 / rate
     consume, stalls = [gen_times[0]], [0.0]
     for g in gen_times[1:]:

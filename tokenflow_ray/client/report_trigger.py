@@ -1,7 +1,7 @@
 """When a paced client's consumption report carries news for the server.
 
 The server models each reader from its declared rate and the tokens it sent (metrics/reader.py), and a report
-replaces that model from the report's time on (docs/design.md, "Stream accounting and metrics"). So a report tells
+replaces that model from the report's time on (docs/design.md §6.1). So a report tells
 the server something only where the reader departs from the model: it paused, read slower or faster than it
 declared, or caught up after a gap. The client keeps a mirror of the server's model, fed the tokens as they arrive
 and reset by each report it sends, and reports when its reader and the mirror differ by `drift_s` seconds of

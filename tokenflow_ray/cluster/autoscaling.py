@@ -15,7 +15,7 @@ Serve time-averages it over its look-back window and hands the policy one value 
 The rate and batch terms size the fleet proportionally. Waiting and critical streams are pressure that no rate
 explains (long prompts, a mispredicted Γ): they add one replica at a time, and only when every replica reports and
 the last scale-up has had `pressure_cooldown_s` to take effect, since a stream waiting on one replica does not move
-to a new one (no migration yet) and would otherwise keep asking. Scale-down needs the demand to fit the smaller fleet
+to a new one by itself (migration moves paused streams, not waiting ones, by default) and would otherwise keep asking. Scale-down needs the demand to fit the smaller fleet
 at `downscale_utilization` (< target: hysteresis) and no pressure at all. Serve then applies the delays and bounds and
 picks the replica to stop; its graceful shutdown waits for that replica's streams (graceful_shutdown_timeout_s)
 while the central actor moves them to the others (migration_policy.plan_drain).

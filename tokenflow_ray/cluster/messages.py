@@ -1,5 +1,5 @@
 """Plain dataclasses that cross the ingress -> replica -> central actor boundaries (pickled by Ray): every message
-between the serving processes, in one module (SGLang's io_struct.py idea)."""
+between the serving processes, in one module (SGLang's io_struct.py idea). Who sends which: docs/design.md §8.1."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Frozen, validated engine configuration. Pure Python: the simulator and tests build these without torch."""
+"""Frozen, validated engine configuration (docs/design.md §4). Pure Python: the simulator and tests build these
+without torch."""
 
 from __future__ import annotations
 

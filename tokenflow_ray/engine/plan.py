@@ -1,6 +1,7 @@
 """The data contract between scheduler and model runner: one StepPlan in, one StepResult back.
 
 Only plain frozen dataclasses and NamedTuples, so a plan can cross a process or actor boundary unchanged.
+The contract in words: docs/design.md §5.2.
 """
 
 from __future__ import annotations

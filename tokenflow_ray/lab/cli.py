@@ -1,4 +1,4 @@
-"""`tokenflow bench ...` subcommands. Each writes one JSON object with --json PATH."""
+"""`tokenflow bench ...` subcommands. Each writes one JSON object with --json PATH (keys: docs/design.md §10)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """`tokenflow simulate cpu-sweep`: the regimes of `tokenflow bench policies --sweep` in the simulator, on the law
 calibrated from the real CPU engine (`simulate validate`'s JSON), so they can be run on a busy box.
 
-The workloads are the sweep's own (bench/load_scaling.py over PolicyBenchConfig's defaults: 48 streams of Table 1 SL
+The workloads are the sweep's own (lab/load_scaling.py over PolicyBenchConfig's defaults: 48 streams of Table 1 SL
 at 1/8, the device pool 30% of the burst at full length, the host store 4x, 64 sequences and 256 tokens a step,
 Δt 0.2 s), at Σ rates of `load` x Γ, with Γ what the calibrated law gives at the batch the pool holds at the
-burst's mean full length (bench/capacity.py's batch). Beyond the sweep's points it runs overloads the sweep does
+burst's mean full length (lab/capacity.py's batch). Beyond the sweep's points it runs overloads the sweep does
 not cover (`OVERLOAD_POINTS`). Each point: fcfs and tokenflow on the same requests, the simulator's conservation
 checks on every step. The JSON: `{calibration, gamma_tok_s, points: [{workload, load, policies, tokenflow_vs_fcfs}]}`.
 """

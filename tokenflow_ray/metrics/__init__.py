@@ -1,4 +1,4 @@
-"""Stream accounting and metrics (pure Python: no torch, no ray). Definitions: docs/design.md."""
+"""Stream accounting and metrics (pure Python: no torch, no ray). Definitions: docs/design.md §6."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """ReaderModel: the server's model of one client reading a token stream at a declared rate.
 
-Contract (docs/design.md, "Stream accounting and metrics"): the reader starts at the stream's first token
+Contract (docs/design.md §6.1): the reader starts at the stream's first token
 and consumes one token every 1/rate s while tokens are buffered; an empty buffer makes it wait (a stall).
 Token j generated at g_j is consumed at c_0 = g_0, c_j = max(c_{j-1} + 1/rate, g_j), and
 stall += max(0, g_j - (c_{j-1} + 1/rate)). rate = 0 is an unpaced reader: it takes every token at once,

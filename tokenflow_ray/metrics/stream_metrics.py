@@ -1,6 +1,6 @@
 """Per-stream record and per-stream metric definitions (TTFT, TBT, effective-throughput weight, stall, QoE).
 
-One definition, used by the engine, the simulator, the benchmarks and Prometheus (docs/design.md).
+One definition, used by the engine, the simulator, the benchmarks and Prometheus (docs/design.md §6).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Simulated experiments on a GPU profile: one Table 1 setup under each policy, the rate sweep, μ, Δt and the
 Table 2 ablation; every figure is `tokenflow_ray.metrics.summarize` over the engine's own stream records.
 
-The JSON follows design.md: `setup`, `policies: {name: {ttft_p50_s, ttft_p99_s, effective_tput, raw_tput, stall_s,
-preemptions, ...}}`, `paper: {...}` with our ratios beside the paper's.
+The JSON follows docs/design.md §10: `setup`, `policies: {name: {ttft_p50_s, ttft_p99_s, effective_tput, raw_tput,
+stall_s, preemptions, ...}}`, `paper: {...}` with our ratios beside the paper's.
 
 With `migration` (replicas > 1) every policy runs twice on the same requests, with the central actor's table fed
 and checked both times: `policies` is the run where nothing moves, and `migration` holds
@@ -153,7 +153,7 @@ def knob_sweep(gpu: str, model: str, name: str, knob: str, values: Sequence[floa
 
 
 def ablation(gpu: str = "4090", model: str = "llama3-8b", name: str = "b", seed: int = 0) -> dict:
-    """Table 2: tokenflow without offload, write-through, or evict/load overlap (bench/policy_bench.py's
+    """Table 2: tokenflow without offload, write-through, or evict/load overlap (lab/policy_bench.py's
     ABLATIONS, the same cache-config changes the real engine bench makes)."""
     setup = paper_setup(gpu, name)
     requests = setup_requests(setup, seed=seed, max_total=deployment(gpu, model).model.max_model_len)

@@ -1,9 +1,10 @@
 """GPU, model and deployment constants for the simulator's roofline cost model, each with its source; and the
 profiles of this project's engine as measured on a GPU (`MEASURED`).
 
-Roofline sources are the notes in ../shared/docs/gpu-notes.md (§0-§4), which cite the primary documents; tags
-follow them: [src] copied from a named source, [computed] from a config, [est.] an estimate by the stated
-arithmetic. The measured profiles were fitted by `tokenflow simulate validate --real` on this project's own runs.
+Roofline sources are the notes in gpu-notes.md (§0-§4; outside the repository, docs/design.md §13), which cite the
+primary documents; tags follow them: [src] copied from a named source, [computed] from a config, [est.] an estimate
+by the stated arithmetic. The measured profiles were fitted by `tokenflow simulate validate --real` on this
+project's own runs.
 """
 
 from __future__ import annotations

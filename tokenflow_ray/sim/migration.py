@@ -3,12 +3,12 @@ clock (issue 16 item 3).
 
 The same pure objects as the Serve app, imported, not re-written:
 - each replica keeps a `cluster/change_log.py` ChangeLog (streams added, ended, moved out), and every `interval_s`
-  its `drain()` batch is applied to one `cluster/stream_table.py` StreamTable, as serve/replica.py's sync loop
-  sends it to serve/central.py;
+  its `drain()` batch is applied to one `cluster/stream_table.py` StreamTable, as serve/replica/central_link.py's sync loop
+  sends it to serve/control/central.py;
 - the same tick runs `cluster/migration_policy.py`'s `plan_relief` over every replica's
-  `replica_stats_from_engine(engine).gauges()` (serve/central.py's `relieve_now`, with its rule that a source just
+  `replica_stats_from_engine(engine).gauges()` (serve/control/central.py's `relieve_now`, with its rule that a source just
   asked is left alone for two intervals), and each relief goes to its source, which picks the streams with
-  `pick_streams` between two of its steps (serve/replica.py's `_relieve`);
+  `pick_streams` between two of its steps (serve/replica/migration.py's `_relieve`);
 - a picked stream leaves through the engine's own `begin_export` / `try_export` (an `ExportedStream`), travels,
   and enters the target with `import_stream(exported, elapsed_s)`; the table hears of the move as from
   `CentralScheduler.move_result` (`StreamTable.move`).
@@ -109,7 +109,7 @@ class ClusterMigration:
         self._throttle = ReliefThrottle(self.settings.interval_s)  # central.relieve_now's, the same class
         self.totals = MoveTotals()
 
-    # ---- what each replica records (serve/replica.py's ChangeLog calls) ---------------------------------------
+    # ---- what each replica records (serve/replica/server.py's ChangeLog calls) ---------------------------------------
     def added(self, index: int, stream_id: str, rate: float | None) -> None:
         self.logs[index].add(stream_id, rate)
 
@@ -135,12 +135,12 @@ class ClusterMigration:
 
     @staticmethod
     def _buffers(engine: LLMEngine, now: float) -> tuple[tuple[str, float], ...]:
-        return paced_buffers(engine.scheduler.streams.values(), now)  # what serve/replica.py sends
+        return paced_buffers(engine.scheduler.streams.values(), now)  # what serve/replica/ sends
 
     # ---- a replica, between two of its steps ----------------------------------------------------------------------
     def land(self, stream_id: str) -> int:
         """The stream's KV has crossed the network: it waits for its target's next step boundary (an engine takes
-        imports between steps, as serve/replica.py's engine thread does). Returns the target's index."""
+        imports between steps, as the replica's engine thread does). Returns the target's index."""
         move = self.in_transit[stream_id]
         self.landed[move.target].append((stream_id, True))
         return move.target
@@ -178,7 +178,7 @@ class ClusterMigration:
         return imported
 
     def _pick(self, engine: LLMEngine, now: float, relief: Relief) -> list[str]:
-        # serve/central.py passes MigrationSettings.move_waiting down with the order; serve/replica.py hands it on.
+        # serve/control/central.py passes MigrationSettings.move_waiting down with the order; serve/replica/migration.py hands it on.
         return pick_streams(engine.scheduler, now, relief.rate, relief.max_streams, self.settings.move_waiting)
 
     def _import(self, index: int, stream_id: str, forward: bool, now: float) -> int:
@@ -189,7 +189,7 @@ class ClusterMigration:
         except ValueError:
             if not forward:
                 raise  # its own engine refused it back: nothing else could hold it
-            # The target cannot hold it: the source takes it back (serve/replica.py's take_back).
+            # The target cannot hold it: the source takes it back (serve/replica/migration.py's take_back).
             self.landed[move.source].append((stream_id, False))
             self.totals.taken_back += 1
             return 0

@@ -33,7 +33,7 @@ from tokenflow_ray.sim.cost import StepShape
 from tokenflow_ray.workloads.generators import RequestSpec
 
 SUMMARY_KEYS = ("ttft_p50_s", "ttft_p99_s", "raw_tput", "effective_tput", "stall_s")
-# The warm-up every driver of this project runs before it records (validate.run_real, bench/policy_bench.py): an
+# The warm-up every driver of this project runs before it records (validate.run_real, lab/policy_bench.py): an
 # 8-token prompt, 4 tokens out. Its steps are what the engine's cost model had learnt when the run began.
 STANDARD_WARMUP = (8, 4)
 

@@ -4,7 +4,7 @@ simulated replica runs on a GPU profile.
 Table 1: lengths are normal, mean input 512 (S) / 1024 (L), output 1024 (S) / 2048 (L) on the RTX 4090; H200
 outputs are 2x; H200 runs use SGLang mem-frac 0.3 (hardware.py's H200 Llama-3-8B pool). The A6000 has no column in
 Table 1: it runs the 4090 column [interpretation]. Not stated by the paper, our choices [interpretation]: the
-standard deviation (a quarter of the mean, as bench/workloads.py), the main-run rate (20 tok/s, the rate sweep's
+standard deviation (a quarter of the mean, as workloads/generators.py), the main-run rate (20 tok/s, the rate sweep's
 base), and how many requests a Poisson setup has (`POISSON_REQUESTS`).
 """
 

@@ -1,5 +1,5 @@
 """The discrete-event loop: N engines (the real LLMEngine, Scheduler, policy, BlockPool and KV manager) on one
-virtual clock, each with a SimRunner, behind the cluster's routing decision.
+virtual clock, each with a SimRunner, behind the cluster's routing decision (the contract: docs/design.md §9.1).
 
 Events, in a heap ordered by (time, kind, sequence) so equal times settle deterministically (arrivals before
 steps, replicas in id order):

@@ -1,4 +1,4 @@
-"""The paper's Table 2 arms (serving-paper.md): the full tokenflow setup and three cache-config changes to it.
+"""The paper's Table 2 arms (serving-paper.md §6): the full tokenflow setup and three cache-config changes to it.
 
 Both the engine bench (`tokenflow bench policies --ablation`) and the simulator (`tokenflow simulate --ablation`)
 run these arms, so each names the same change in both.

@@ -1,6 +1,7 @@
 """The policy interface. A policy ranks streams and says when it may act; the scheduler owns the mechanics.
 
-Every policy thus gets the same block accounting and invariants; a new policy is a new class.
+Every policy thus gets the same block accounting and invariants; a new policy is a new class. The policies in
+words: docs/design.md §5.4.
 """
 
 from __future__ import annotations

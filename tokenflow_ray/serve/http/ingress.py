@@ -232,7 +232,7 @@ def make_http_class(base: type, routers: Sequence[APIRouter] = ()) -> type:
                 yield writer.final(last)
             except StopAsyncIteration:
                 yield writer.final(last)
-            except Exception as exc:  # after the headers: the error goes inside the stream, then [DONE] (design.md)
+            except Exception as exc:  # after the headers: an error event, then [DONE] (docs/design.md §7.3)
                 yield sse(self._failed(exc, stream_id, "mid-stream").body()) + DONE
             finally:
                 if not last.finished:

@@ -1,4 +1,4 @@
-"""OpenAI request models (plus the `consumption_rate` extension) and OpenAI-shaped errors.
+"""OpenAI request models (plus the `consumption_rate` extension) and OpenAI-shaped errors (docs/design.md §7).
 
 Responses are plain dicts built in `responses.py`: a pydantic model per SSE chunk costs more than the chunk's
 transport, and the bench holds the HTTP path to 0.85x of in-process throughput.

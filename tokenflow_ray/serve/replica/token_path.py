@@ -2,8 +2,9 @@
 answers HTTP, and the backend the HTTP routes call in the direct placement.
 
 The first token goes alone and at once, later tokens grouped by an interval that adapts to the reader's buffer and
-the replica's load (grouping.py; ray-notes §6.3: a per-token item costs ~0.7 ms, batching the first token costs
-TTFT). A stream that moves to another replica goes on from there (migration.py), in order, as if it had stayed.
+the replica's load (grouping.py; ray-notes §5 and §6.3: a per-token item costs ~0.7 ms, batching the first token
+costs TTFT). A stream that moves to another replica goes on from there (migration.py), in order, as if it had
+stayed.
 
 A mixin: it uses the replica's engine (`engine`, `aengine`), settings, change log, central actor handle, `_relayed`
 and `_holding`/`_active`, set in LLMServer.__init__.
