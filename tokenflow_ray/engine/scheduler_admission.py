@@ -195,13 +195,16 @@ class SchedulerAdmission:
         new_blocks = tuple(blocks[sent:]) if held > sent else ()
         return _new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
 
-    def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
+    def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> int:
+        """Pause a running stream; returns its blocks that are free only after this step (its tail's copy)."""
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)
         to_host = self.policy.uses_host_store if to_host is None else to_host
         swapped = self.kv.swap_out(stream) if to_host else None
+        later = 0
         if swapped is not None:
             self._swap_blocks[stream.stream_id] = swapped
             stream.status = StreamStatus.PREEMPTED
+            later = swapped[1]
         else:  # recompute: everything computed so far is computed again later
             stream.record.record_recompute(stream.num_computed_tokens)
             self.kv.release_device(stream)
@@ -210,3 +213,4 @@ class SchedulerAdmission:
         stream.last_preempted_at = view.now
         stream.record.record_preemption()
         self.policy.on_preempt(stream, view)
+        return later
