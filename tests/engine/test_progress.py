@@ -81,6 +81,8 @@ def test_tight_pool_without_write_through_finishes(num_blocks, max_tokens, n, re
     requests = [([i + 1] * 3, max_tokens, 5.0) for i in range(n)]
     fcfs = _run(_tight("fcfs", num_blocks), requests, max_steps=1000)
     got = _run(_tight("tokenflow", num_blocks, resume_mode), requests, max_steps=2 * fcfs["steps"])
+    # No stream is reloaded only to be preempted again before its next token: the loop that livelocked.
+    assert got["wasted"] == 0
     assert got["preemptions"] <= 3 * n
 
 
@@ -104,6 +106,30 @@ def test_a_block_boundary_in_a_full_pool_takes_one_victim():
     waited = {c.stream_id for c in plans[at - 1].decodes} - decoded - set(first.preempted)
     assert len(waited) == 1  # the stream at the block boundary, not the one that took the last free block
     assert waited <= {c.stream_id for c in after.decodes} and not after.preempted
+
+
+def test_a_paused_stream_is_not_reloaded_without_a_block_for_its_next_token():
+    """A stream paused at a block boundary comes back only when the pool holds its blocks and the next one: loaded
+    into exactly its old blocks it would be a memory-forced victim at its first decode (or force another out)."""
+    engine, runner = make_fake_engine(num_blocks=5, block_size=4, num_host_blocks=16, policy="tokenflow",
+                                      resume_mode="load", write_through=False)
+    paused = engine.add_request([7] * 4, SamplingParams(max_tokens=6, ignore_eos=True), rate=5.0)
+    other = engine.add_request([9] * 13, SamplingParams(max_tokens=4, ignore_eos=True), rate=5.0)
+    tokens: dict[str, list[int]] = {}
+    for out in engine.step():  # both prefill: 1 + 4 blocks, the pool is full; `paused` sits at a block boundary
+        tokens.setdefault(out.stream_id, []).extend(out.token_ids)
+    assert engine.pool.num_free == 0 and engine.scheduler.streams[paused].num_computed_tokens == 4
+    assert engine.scheduler.preempt(paused, engine.clock.now())
+    while engine.has_unfinished():
+        if other in engine.scheduler.streams:
+            assert engine.scheduler.streams[paused].block_ids == [], "reloaded with no block for its next token"
+        for out in engine.step():
+            tokens.setdefault(out.stream_id, []).extend(out.token_ids)
+        engine.check_integrity()
+        engine.clock.advance(0.01)
+    records = {r.stream_id: r for r in engine.finished_records}
+    assert records[paused].preemptions == 1 and records[other].preemptions == 0  # only the pause made here
+    assert tokens[paused] == runner.reference([7] * 4, 6) and tokens[other] == runner.reference([9] * 13, 4)
 
 
 request = st.tuples(st.integers(1, 12), st.integers(1, 60), st.sampled_from([0.0, 5.0, 20.0]))

@@ -11,7 +11,8 @@ its total (vLLM v1's rule), under a per-step token budget. One step, in order:
    stream waits a step instead of taking more victims and, last, itself.
 3. Unless memory forced a preemption (so a full pool does not thrash), admit or resume streams: the set the
    rebalance chose first, then the rest in rank order. A preempted stream resumes by loading its host copy or by
-   recompute, whichever the cost model finds cheaper given the copies queued ahead of it.
+   recompute, whichever the cost model finds cheaper given the copies queued ahead of it; a load starts only
+   when the pool also holds the block its next token writes (a recompute's first chunk includes that token).
 4. Copies share one budget per step (what finishes within the step's compute time): the tails of streams
    preempted this step, then queued loads (chunked over steps), then write-through of full blocks, larger buffers
    first (likelier victims).
