@@ -124,7 +124,9 @@ def test_memory_aware_admission_in_the_fallback_stops_the_thrash():
     with_reserve = _overloaded_burst(replace(OLD, capacity_from="decode_steps", overload_hysteresis=0.1,
                                              growth_reserve=True))
     without = _overloaded_burst(replace(OLD, capacity_from="decode_steps", overload_hysteresis=0.1))
-    assert with_reserve[0] < 0.8 * without[0] and with_reserve[1] < without[1], (with_reserve, without)
+    # Since a load waits for room for its next token (scheduler_admission.py) the run without the reserve is
+    # preempted less (21 -> 18-19 times; 15 with it): the reserve's gain shows in the tokens recomputed.
+    assert with_reserve[0] < without[0] and with_reserve[1] < 0.8 * without[1], (with_reserve, without)
 
 
 # ---- rotation by need, within a copy budget ------------------------------------------------------------------------

@@ -100,6 +100,15 @@ class KVManager:
         stream.num_computed_tokens = 0
         return freed_now, tail
 
+    def blocks_freed_at_once(self, stream: Stream, to_host: bool) -> int:
+        """Device blocks a preemption of the stream frees at the decision: to the host (`swap_out`), the blocks
+        already mirrored, as the tail is freed after its copy; to recompute, or without room on the host, all."""
+        if to_host and self.host is not None:
+            missing = self.device.blocks_for_tokens(stream.num_computed_tokens) - len(stream.host_block_ids)
+            if missing <= 0 or self.host.can_allocate(missing):
+                return min(stream.num_host_tokens // self.block_size, len(stream.block_ids))
+        return len(stream.block_ids)
+
     def start_load(self, stream: Stream) -> bool:
         """Allocate device blocks and queue host -> device copies of the stream's host prefix."""
         n = self.device.blocks_for_tokens(stream.num_host_tokens)

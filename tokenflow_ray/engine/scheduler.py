@@ -6,10 +6,13 @@ its total (vLLM v1's rule), under a per-step token budget. One step, in order:
    that should hold the device, and pause running streams outside that set that the policy lets go, as many as
    the incoming ones need (blocks and sequence slots).
 2. Serve running streams in rank order; when one cannot grow, the lowest-ranked unserved running stream is
-   preempted (memory-forced).
+   preempted (memory-forced), until the victims free what it needs. A victim's unsynced tail is freed only after
+   the step's copy: once the victims' tails cover the need and the next victim would free nothing sooner, the
+   stream waits a step instead of taking more victims and, last, itself.
 3. Unless memory forced a preemption (so a full pool does not thrash), admit or resume streams: the set the
    rebalance chose first, then the rest in rank order. A preempted stream resumes by loading its host copy or by
-   recompute, whichever the cost model finds cheaper given the copies queued ahead of it.
+   recompute, whichever the cost model finds cheaper given the copies queued ahead of it; a load starts only
+   when the pool also holds the block its next token writes (a recompute's first chunk includes that token).
 4. Copies share one budget per step (what finishes within the step's compute time): the tails of streams
    preempted this step, then queued loads (chunked over steps), then write-through of full blocks, larger buffers
    first (likelier victims).
@@ -141,6 +144,7 @@ class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, Sched
         skip = held | self._finishing if held else self._finishing
         bs, table_sent = self.pool.block_size, self._table_sent
         served = 0  # queue[served:] are the running streams not served yet; victims are taken from its end
+        freeing = 0  # blocks this step's memory-forced victims free once their copies are done, not yet claimed
         while served < len(queue) and budget > 0:
             stream = queue[served]
             served += 1
@@ -158,16 +162,26 @@ class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, Sched
                 continue
             if computed + n > len(stream.block_ids) * bs:  # needs a new block
                 while not self.kv.grow(stream, n):
+                    forced = True
                     # The lowest-ranked running stream not yet served, else this one.
                     victim = queue[-1] if len(queue) > served else stream
-                    self._preempt(victim, view)
+                    short = self.pool.blocks_for_tokens(computed + n) - len(stream.block_ids) - self.pool.num_free
+                    if short <= freeing and (victim is stream or not self.kv.blocks_freed_at_once(
+                            victim, self.policy.uses_host_store)):
+                        # The victims taken so far free enough once their tails are on the host, and the next
+                        # one would free nothing sooner (a tail is freed after the step's copy): the stream
+                        # waits a step. Without write-through every block is tail: each block boundary in a
+                        # full pool preempted the whole batch, itself last, and the batch resumed into the
+                        # same full pool, for ever.
+                        freeing -= short
+                        break
+                    freeing += self._preempt(victim, view)
                     preempted.append(victim.stream_id)
-                    forced = True
                     if victim is stream:
                         break
                     queue.pop()
-                if stream.status != running:
-                    continue
+                if stream.status != running or computed + n > len(stream.block_ids) * bs:
+                    continue  # preempted, or waiting for its victims' blocks
             if n == 1 and computed >= p:
                 blocks = stream.block_ids
                 sent, held = table_sent.get(sid, 0), len(blocks)

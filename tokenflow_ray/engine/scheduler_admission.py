@@ -86,6 +86,7 @@ class SchedulerAdmission:
         """Admit or resume streams in the given order; a stream that cannot start stops the walk (the order is
         the policy's, so nobody behind it jumps ahead)."""
         num_active = reserve = -1  # computed at the first candidate: a step with none (all decoding) skips them
+        pledged = 0  # blocks the loads started below need for their first token, beyond the blocks they load
         limit = self.policy.admission_limit(view)
         working = view.num_working
         waiting, paused = StreamStatus.WAITING, StreamStatus.PREEMPTED
@@ -120,15 +121,21 @@ class SchedulerAdmission:
                 break  # a resume, too, leaves the running streams room to grow (keep rank order)
             if status == paused:
                 if self._resume_by_load(stream, view):
-                    if not self.kv.start_load(stream):
+                    # Room for the load and its first token: a stream loaded at a block boundary into a pool
+                    # with no block left is a memory-forced victim at its first decode (itself, when it ranks
+                    # last), its load wasted; without write-through it is copied out whole again.
+                    loaded = self.pool.blocks_for_tokens(stream.num_host_tokens)
+                    first = self.pool.blocks_for_tokens(stream.num_host_tokens + 1)
+                    if not self.pool.can_allocate(first + pledged) or not self.kv.start_load(stream):
                         break  # no memory: keep rank order
+                    pledged += first - loaded
                     stream.status = StreamStatus.LOADING
                     self._announce(stream, new_streams)  # an imported stream's first plan here may be its load
                     num_active += 1
                     reserve += self.policy.reserve_tokens([stream])
                     continue
                 first = self.pool.blocks_for_tokens(min(stream.num_tokens, budget))
-                if not self.pool.can_allocate(first):
+                if not self.pool.can_allocate(first + pledged):
                     break  # keep the host copy: nothing is gained by dropping it without room to recompute
                 stream.record.record_recompute(stream.num_host_tokens)
                 self.kv.release_host(stream)
@@ -136,7 +143,8 @@ class SchedulerAdmission:
             n = self._chunk_len(stream, budget)
             if is_new and self.pool.num_free - self.pool.blocks_for_tokens(n) < self.pool.blocks_for_tokens(reserve):
                 break  # memory-aware admission: running streams keep room to grow
-            if n == 0 or not self.kv.grow(stream, n):
+            if n == 0 or (pledged and not self.pool.can_allocate(self.pool.blocks_for_tokens(n) + pledged)) \
+                    or not self.kv.grow(stream, n):
                 break  # head-of-line: admission keeps the policy's order
             stream.status = StreamStatus.RUNNING
             prefills.append(self._chunk(stream, n))
@@ -195,13 +203,16 @@ class SchedulerAdmission:
         new_blocks = tuple(blocks[sent:]) if held > sent else ()
         return _new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
 
-    def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> None:
+    def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> int:
+        """Pause a running stream; returns its blocks that are free only after this step (its tail's copy)."""
         self._table_sent.pop(stream.stream_id, None)  # its blocks go; the runner drops the table (plan.preempted)
         to_host = self.policy.uses_host_store if to_host is None else to_host
         swapped = self.kv.swap_out(stream) if to_host else None
+        later = 0
         if swapped is not None:
             self._swap_blocks[stream.stream_id] = swapped
             stream.status = StreamStatus.PREEMPTED
+            later = swapped[1]
         else:  # recompute: everything computed so far is computed again later
             stream.record.record_recompute(stream.num_computed_tokens)
             self.kv.release_device(stream)
@@ -210,3 +221,4 @@ class SchedulerAdmission:
         stream.last_preempted_at = view.now
         stream.record.record_preemption()
         self.policy.on_preempt(stream, view)
+        return later
