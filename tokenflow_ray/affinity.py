@@ -4,7 +4,7 @@ replica's process (ServeConfig.pin_cpus).
 With one torch thread per worker and as many workers as a node has cores, the kernel otherwise moves the workers
 between cores whenever one of Ray's own processes wakes up, and each move costs the worker its warm caches; pinned,
 Ray's processes share the cores but the workers stay put (measured +4% images/s with 2 workers on the 2-core dev
-box, docs/tokenizer.md). Pinning is skipped, with a reason, when the node's workers would not each get their own
+box, commit d7e85a4). Pinning is skipped, with a reason, when the node's workers would not each get their own
 CPUs. Slots come from the local rank on the Ray node, so several raylets on one host (a test cluster) would
 collide: leave it off there.
 

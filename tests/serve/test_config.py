@@ -165,8 +165,9 @@ def test_demo_workload_contends_for_memory_within_decode_capacity():
     cache = cfg.serve_config("fcfs").engine.cache
     full_blocks = -(-(len(cfg.prompt(0)) + 2 + cfg.max_tokens) // cache.block_size)
     assert cache.num_device_blocks < cfg.streams * full_blocks  # only a fraction fits at full length
-    # Σ rates near but under the replica's decode rate over HTTP on a 2-core box (docs/serving/serve_bench.json:
-    # ~1.4k tok/s at 32 streams): the contest is over who runs when, not raw capacity.
+    # Σ rates near but under the replica's decode rate over HTTP on a 2-core box (`tokenflow bench serve`, 32
+    # streams: ~1.4k tok/s at 7984f35; 2312 in the run on record,
+    # docs/results/runs/serve_http_vs_inproc_256tok.json): the contest is over who runs when, not raw capacity.
     assert 500 < cfg.streams * cfg.rate < 1000
 
 

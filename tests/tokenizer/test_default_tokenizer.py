@@ -2,8 +2,8 @@
 
 The shipped weights are the experiment's TF arm trained on its generated digits; served through the same path as
 /v1/images/* (PNG bytes -> tokenize -> detokenize -> PNG), held-out generated images come back at the input's size
-and at the PSNR the experiment reports for that arm (docs/tokenizer/table.md: TF 18.60 +- 0.12 dB over 3 seeds;
-this checkpoint, seed 0: 18.47 dB in float on all of split C)."""
+and at the PSNR the experiment reports for that arm (docs/results/tokenizer.md, section 4: TF 18.60 +- 0.12 dB over
+3 seeds; this checkpoint, seed 0: 18.47 dB in float on all of split C)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from PIL import Image
 
 pytestmark = pytest.mark.timeout(300)
 
-EXPERIMENT_TF_PSNR_DB = 18.60  # docs/tokenizer/table.md, arm TF, mean over seeds 0-2
+EXPERIMENT_TF_PSNR_DB = 18.60  # docs/results/tokenizer.md section 4, arm TF, seeds 0-2
 EXPERIMENT_TF_PSNR_STD_DB = 0.12
 
 

@@ -30,7 +30,7 @@ def test_shapes_teacher_knows_the_shapes_at_its_default_budget():
         cfg = SweepConfig(dataset="shapes")
         teacher = train_teacher(teacher_semantic_config(cfg.side), d.a, d.c, cfg.teacher_budget(), seed=0)
     assert teacher.acc_c > 0.85
-    # Digits keep the budget their recorded rows (docs/tokenizer/capacity.json) were made with.
+    # Digits keep the budget their recorded rows (docs/results/runs/tokenizer_capacity.json) were made with.
     assert SweepConfig(dataset="digits").teacher_budget() == 300
 
 

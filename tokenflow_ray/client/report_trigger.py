@@ -10,7 +10,7 @@ reading (at least one token). A reader that keeps to its declared rate sends non
 Why not a report every interval: each one is a full HTTP request through the proxy and the replica. In the served
 demo on a 2-core box, one report a second per stream cost about 25 ms of CPU each across client, proxy and
 replica, and the buffer-aware policy, which keeps every stream open while it is read, lost 45% of its raw
-throughput to them (README, Results, "Demo").
+throughput to them (README's "Demo" results at commit 1a5a8e0).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class MigrationSettings:
     max_moves_per_tick: int = 8  # streams moved per replica per tick at most: a move costs a pause and a copy
     full_fraction: float = 0.05  # a device pool with at most this share of its blocks free is full
     # Streams waiting to start move too, after the paused ones. Off: at 96 streams on a hot replica here it cost
-    # effective throughput (800 against 863 tok/s paused-only) and raw (1291 against 1537), docs/serving/.
+    # effective throughput (800 against 863 tok/s paused-only) and raw (1291 against 1537), docs/results/cluster.md.
     move_waiting: bool = False
     stats_max_age_s: float = 3.0  # stats older than this are not acted on
 

@@ -52,7 +52,8 @@ class EngineBenchConfig:
     peer: str | None = None  # "vllm": also vLLM's offline tok/s on the same model, prompts and batches (own venv)
     peer_env: str | None = None  # the vLLM venv; None: the default under the cache folder (created if missing)
     # "ours" with overlapped scheduling; the other mode is measured beside it either way. Off by default: on a
-    # CPU box the model's OpenMP team and the planning thread share the same cores (README, engine speed).
+    # CPU box the model's OpenMP team and the planning thread share the same cores (`overlap_vs_sync` 0.63-0.98
+    # in docs/results/runs/engine_vs_*.json).
     overlap: bool = False
     profile_batch: int | None = 32  # where a decode step's time goes at this batch (None: skip)
     cpu_gemm: str = "auto"  # the linear layers' kernel (ModelConfig.cpu_gemm): auto, tokenflow or onednn

@@ -17,14 +17,14 @@ history) of `long_prompt_tokens` x [0.5, 1.5] tokens. Real traffic mixes both (R
 hundreds to thousands of tokens before a short question), and that is where placement decides first-token
 latency: a long prefill holds its replica's steps for a few tenths of a second here, and every stream placed
 behind it waits. The default is 0, the homogeneous burst of short prompts, where the routers differ by demand
-alone: the workload of README's figures. `--long-prompt-share 0.15` (at the default 1024: 512-1536 tokens, with
+alone: the workload of docs/results/cluster.md's figures. `--long-prompt-share 0.15` (at the default 1024: 512-1536 tokens, with
 1.5x of the outputs within the embedded model's 2048 positions) is a modest share of long contexts.
 
 `device_blocks` (`--device-blocks 384,128`) makes the fleet a mixed one, as GPUs of different memory are: replica
 i's device KV pool is entry i (ServeConfig.device_blocks_by_rank), all else alike. Serve's default router counts
 requests, so it gives the small pool as many streams as the large one; the slack router reads each replica's free
 blocks and prices a replica that must pause someone to fit a prompt (`cluster/routing.py`). Equal replicas sharing
-one box tie (README); the mixed fleet is the case a router that reads replica state is for.
+one box tie (docs/results/cluster.md); the mixed fleet is the case a router that reads replica state is for.
 
 Streams per replica are counted by the replicas themselves (ReplicaStats.admitted_total before and after, through
 the central actor's stats); the central actor's view of which replica each live stream is on, sampled while the

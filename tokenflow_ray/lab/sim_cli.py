@@ -9,7 +9,7 @@
                                                 real GPU runs replayed on the profile fitted on them
     tokenflow simulate --gpu h200-measured --setup a --length-scale 0.125    this engine as measured on an H200
     tokenflow simulate --setup b --tokenflow as_before,ranking=tiers   the policy with some of its fields set
-    tokenflow simulate cpu-sweep [--calibration docs/sim/validate.json] --json P
+    tokenflow simulate cpu-sweep [--calibration docs/results/runs/sim_validate_cpu.json] --json P
                                                 the policy sweep's regimes on the CPU engine's calibrated law
     tokenflow simulate scale --streams 10000 --replicas 64
     tokenflow simulate --replicas 4 --router pinned --migration   each policy with and without live migration
@@ -267,7 +267,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(--replica-gpus, --setup a,d); cpu-sweep: the policy sweep's regimes on the CPU law")
     p.add_argument("--calibration", default=None, metavar="VALIDATE.json",
                    help="cpu-sweep: `simulate validate`'s JSON to take the CPU engine's laws from "
-                        "(default docs/sim/validate.json)")
+                        "(default docs/results/runs/sim_validate_cpu.json)")
     p.add_argument("--gpu", default=None, choices=PROFILE_NAMES,
                    help="default h200 (4090 with --ablation); h200-measured: this engine as measured on an H200")
     p.add_argument("--length-scale", type=float, default=1.0,

@@ -28,7 +28,7 @@ from tokenflow_ray.sim.experiments import summarize_outcome
 from tokenflow_ray.sim.simulator import ReplicaSetup, Simulation
 from tokenflow_ray.workloads.generators import make_requests
 
-DEFAULT_CALIBRATION = "docs/sim/validate.json"
+DEFAULT_CALIBRATION = "docs/results/runs/sim_validate_cpu.json"
 OVERLOAD_POINTS = (("burst", 2.0), ("poisson", 2.0), ("gamma", 2.0))
 # The embedded model (models/embedded.py): 6 layers x K/V x 2 KV heads x 64 dims x 4 bytes (fp32) a token.
 EMBEDDED_KV_BYTES = 6 * 2 * 2 * 64 * 4

@@ -45,8 +45,8 @@ class MigrationLink:
     bytes_s [our assumption]: a 100 Gb/s Ethernet/RoCE NIC per inference node (12.5 GB/s line rate) at ~88%
     goodput, 11 GB/s; HGX nodes with 400 Gb/s InfiniBand would be 4x faster, so this errs on the costly side.
     latency_s [measured, order of magnitude]: the Serve app's move on the 2-core box takes 3-9 ms from pause to
-    hand-off (docs/serving, `tokenflow bench migration`): export between steps, Ray's object put, the target
-    port's offer and ack. 5 ms per move.
+    hand-off (docs/results/cluster.md, `tokenflow bench migration`): export between steps, Ray's object put, the
+    target port's offer and ack. 5 ms per move.
     """
 
     bytes_s: float = 11e9

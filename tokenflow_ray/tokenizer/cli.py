@@ -116,7 +116,7 @@ def register(subparsers) -> None:
     b.add_argument("--codebook-size", type=_positive, default=32768)
     b.add_argument("--tokens", type=_positive, default=4096)
     b.add_argument("--threads", type=int, choices=(1, 2), default=1,
-                   help="torch threads for both methods (default 1: the box is shared, see docs/tokenizer.md)")
+                   help="torch threads for both methods (default 1: the box is shared, see docs/results/tokenizer.md)")
     b.add_argument("--train", action="store_true",
                    help="also measure Ray Train images/s at the tiny config with 1 and 2 workers (train_images_s)")
     b.add_argument("--accum-steps", type=_positive, default=1,

@@ -34,7 +34,7 @@ class QuantizerConfig:
     # VAR-style variant: normalise once, loss on the running sum, a learned per-scale gain. One scale: identical.
     residual: str = "official"
     # Block sizes of the chunked search: at most query_chunk x search_chunk scores exist at once (256 x 4096 floats =
-    # 4 MiB, cache-friendly: on 2 CPU cores this beats one N x K cdist by >2x, see docs/tokenizer.md).
+    # 4 MiB, cache-friendly: on 2 CPU cores this beats one N x K cdist by >2x, see docs/results/tokenizer.md).
     search_chunk: int = 4096  # codebook rows per block
     query_chunk: int = 256  # query rows per block
     usage_window: int = 131072  # rolling window of recent indices for the usage statistic and dead-code detection

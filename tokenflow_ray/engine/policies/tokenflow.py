@@ -253,11 +253,11 @@ class TokenFlowPolicy(SchedulingPolicy):
         which every running stream's next token waits on, while a reload spends only the copy link beside it (and
         the reloading stream's own blocks); and the queue-aware t_IO is long exactly when many streams resume at
         once. With the paper's rule the H200 profile recomputed 14x its setup's output and ran at 0.33-0.40x fcfs's
-        raw throughput (docs/sim/README.md); a reload the buffer hides costs the reader nothing. When the buffer
-        does not cover it (deep overload: every buffer is empty), `recompute_weight="batch"` weighs the recompute
-        by the batch it delays, t_IO <= B·t_recompute with B the streams the device holds: on the measured H200
-        engine, (a) at 1/8, the stream-alone rule still recomputed 40k tokens (376k of 208k output when new shapes
-        cost nothing) and this one none, raw 0.81x -> 0.87x."""
+        raw throughput (the simulator's H200 rows before the resume fix, commit 86b8605); a reload the buffer
+        hides costs the reader nothing. When the buffer does not cover it (deep overload: every buffer is empty),
+        `recompute_weight="batch"` weighs the recompute by the batch it delays, t_IO <= B·t_recompute with B the
+        streams the device holds: on the measured H200 engine, (a) at 1/8, the stream-alone rule still recomputed
+        40k tokens (376k of 208k output when new shapes cost nothing) and this one none, raw 0.81x -> 0.87x."""
         if stream.rate > 0 and t_io <= stream.buffer_s(view.now):
             return True
         if self.config.recompute_weight == "batch":

@@ -24,7 +24,7 @@ ROUTING_GAUGES = ("num_paused", "num_live", "sum_rate", "waiting_rate", "capacit
                   "queued_prefill_s", "host_blocks_free", "admitted_total")
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-# A served move, the source's order to the target's import: 40-150 ms here (docs/serving/migration.json).
+# A served move, the source's order to the target's import: 40-150 ms here (docs/results/cluster.md).
 HANDOFF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -92,7 +92,7 @@ def measure_train_throughput(cfg: TrainBenchConfig | None = None, storage_dir: s
 
     cfg = cfg or TrainBenchConfig()
     # A local instance started here goes without the dashboard's processes: on 2 cores every process beside the 2
-    # workers costs them (docs/tokenizer.md).
+    # workers costs them (docs/results/tokenizer.md).
     ensure_ray(include_dashboard=False)
     storage = storage_dir or tempfile.mkdtemp(prefix="tokenflow-train-bench-")
     from tokenflow_ray.tokenizer.training.ceiling import measure_ceiling

@@ -193,7 +193,7 @@ class TrainConfig:
         loss = self.model.loss
         require(loss.lpips_weight == 0 or bool(loss.lpips_path),
                 f"model.loss.lpips_weight is {loss.lpips_weight} but model.loss.lpips_path is not set: give a local "
-                "LPIPS state dict (docs/tokenizer.md: LPIPS) or set model.loss.lpips_weight: 0")
+                "LPIPS state dict (docs/tokenizer-guide.md: LPIPS) or set model.loss.lpips_weight: 0")
 
     def tokenizer_config(self) -> TokenizerConfig:
         return self.model
