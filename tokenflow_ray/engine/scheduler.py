@@ -35,12 +35,10 @@ from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan
 from tokenflow_ray.engine.policies import SchedulingPolicy, make_policy
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.scheduler_accounting import SchedulerAccounting
-from tokenflow_ray.engine.scheduler_admission import SchedulerAdmission
+from tokenflow_ray.engine.scheduler_admission import SchedulerAdmission, new_tuple
 from tokenflow_ray.engine.scheduler_migration import SchedulerMigration
 from tokenflow_ray.engine.scheduler_results import SchedulerResults
 from tokenflow_ray.engine.stream import Stream, StreamStatus
-
-_new_tuple = tuple.__new__  # a decode's chunk made as the tuple it is (SchedulerAdmission._chunk says why)
 
 
 class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, SchedulerMigration):
@@ -187,7 +185,7 @@ class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, Sched
                 sent, held = table_sent.get(sid, 0), len(blocks)
                 if held != sent:
                     table_sent[sid] = held
-                decodes.append(_new_tuple(ScheduledChunk, (sid, (out[computed - p],), computed,
+                decodes.append(new_tuple(ScheduledChunk, (sid, (out[computed - p],), computed,
                                                            tuple(blocks[sent:]) if held > sent else (), sent,
                                                            computed + 1 == total)))
             else:

@@ -15,7 +15,7 @@ from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 
 _ACTIVE = (StreamStatus.RUNNING, StreamStatus.LOADING)
-_new_tuple = tuple.__new__
+new_tuple = tuple.__new__  # a chunk made as the tuple it is, without NamedTuple's Python __new__ (_chunk says why)
 
 
 class SchedulerAdmission:
@@ -201,7 +201,7 @@ class SchedulerAdmission:
         # Positional: stream_id, token_ids, start_pos, new_blocks, first_block, sample; made as the tuple it is
         # (a NamedTuple's own __new__ is a Python call: 2.5x the cost, per running stream per step).
         new_blocks = tuple(blocks[sent:]) if held > sent else ()
-        return _new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
+        return new_tuple(ScheduledChunk, (sid, tokens, start, new_blocks, sent, start + n == p + len(out)))
 
     def _preempt(self, stream: Stream, view: SchedulerView, to_host: bool | None = None) -> int:
         """Pause a running stream; returns its blocks that are free only after this step (its tail's copy)."""

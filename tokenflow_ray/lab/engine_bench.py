@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -29,7 +28,7 @@ from tokenflow_ray.engine.config import (
 )
 from tokenflow_ray.engine.llm_engine import LLMEngine
 from tokenflow_ray.engine.sampling import SamplingParams
-from tokenflow_ray.lab.roofline import model_roofline
+from tokenflow_ray.lab.roofline import median_seconds, model_roofline
 from tokenflow_ray.runner.factory import build_engine
 
 log = logging.getLogger(__name__)
@@ -84,15 +83,6 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(min(vocab, 256)) for _ in range(length)] for _ in range(n)]
 
 
-def _median_time(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def _decode_tok_s(runs: dict[str, Callable[[int], object]], batch: int, n: int, repeats: int) -> dict[str, float]:
     """Systems take turns within each repeat, so load from elsewhere on the machine hits them alike."""
     for run in runs.values():
@@ -101,8 +91,8 @@ def _decode_tok_s(runs: dict[str, Callable[[int], object]], batch: int, n: int, 
     first: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            full[name].append(_median_time(lambda run=run: run(n), 1))
-            first[name].append(_median_time(lambda run=run: run(1), 1))
+            full[name].append(median_seconds(lambda run=run: run(n), 1, warm=False))
+            first[name].append(median_seconds(lambda run=run: run(1), 1, warm=False))
     return {k: batch * (n - 1) / max(statistics.median(full[k]) - statistics.median(first[k]), 1e-9) for k in runs}
 
 
@@ -279,9 +269,9 @@ def _mixed(cfg: EngineBenchConfig, systems: _Systems) -> dict:
 
     times: dict[str, list[float]] = {"ours": [], "other": [], "hf": []}
     for _ in range(cfg.repeats):
-        times["ours"].append(_median_time(lambda: systems.ours(prompts, lengths, cfg.overlap), 1))
-        times["other"].append(_median_time(lambda: systems.ours(prompts, lengths, not cfg.overlap), 1))
-        times["hf"].append(_median_time(hf_static, 1))
+        times["ours"].append(median_seconds(lambda: systems.ours(prompts, lengths, cfg.overlap), 1, warm=False))
+        times["other"].append(median_seconds(lambda: systems.ours(prompts, lengths, not cfg.overlap), 1, warm=False))
+        times["hf"].append(median_seconds(hf_static, 1, warm=False))
     ours, other, hf = (statistics.median(times[k]) for k in ("ours", "other", "hf"))
     overlap, sync = (ours, other) if cfg.overlap else (other, ours)
     return {"mixed_ours_tok_s": useful / ours, "mixed_ours_sync_tok_s": useful / sync,

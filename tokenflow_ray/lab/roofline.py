@@ -45,8 +45,10 @@ def measure_copy_gb_s(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
-def _median_s(fn, repeats: int) -> float:
-    fn()
+def median_seconds(fn, repeats: int, warm: bool = True) -> float:
+    """Median wall time of `fn` over `repeats` calls, after one untimed call when `warm`."""
+    if warm:
+        fn()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -58,7 +60,7 @@ def _median_s(fn, repeats: int) -> float:
 def measure_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
-    return 2 * n ** 3 / _median_s(lambda: a @ b, repeats) / 1e9
+    return 2 * n ** 3 / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def measure_onednn_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
@@ -69,7 +71,7 @@ def measure_onednn_matmul_gflop_s(n: int = 2048, dtype: torch.dtype = torch.floa
         return 0.0
     a = torch.randn(n, n, dtype=dtype)
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, n, dtype=dtype))
-    return 2 * n ** 3 / _median_s(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""),
+    return 2 * n ** 3 / median_seconds(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""),
                                   repeats) / 1e9
 
 

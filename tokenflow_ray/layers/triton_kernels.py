@@ -27,9 +27,13 @@ passes 2^31 elements on a large pool.
 import functools
 from dataclasses import dataclass
 
-import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction
+try:  # not a core dependency: CUDA torch ships it, the dev extra pins it for the interpreter tests
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+except ImportError as exc:  # only the triton backend imports this module; say how to get it
+    raise ImportError("attention backend 'triton': the triton package is not installed (it comes with CUDA torch; "
+                      "on CPU: pip install 'triton==3.6.*' and set TRITON_INTERPRET=1)") from exc
 
 _SUM = tl.standard._sum_combine  # what tl.sum reduces with
 _MAX = tl.standard._elementwise_max  # what tl.max reduces with (floats of 32 bits and more)
