@@ -4,9 +4,10 @@
     serve deploy tokenflow_ray/serve/serve.yaml   # optional: the job deploys the app itself when none runs
     ray job submit --working-dir . -- python jobs/serve_bench.py [--app tokenflow] [--config serve.yaml] \
         [--streams 16] [--max-tokens 48] [--rate 16] [--burst-s 0.5] [--json PATH]
+    ... python jobs/serve_bench.py --trace T.csv --window 0:2 --length-scale 0.25 --speed 2   a production trace
 
-The last line of the job's output is one JSON object: `policies: {<policy>: {ttft_p99_s, effective_tput, raw_tput,
-stall_s, ...}}` (docs/design.md §10, `tokenflow demo`), plus the app, its URL and whether the job deployed it.
+The last line of the job's output is one JSON object: `policies: {<policy>: {ttft_mean_s, ttft_p99_s, qoe_mean,
+stall_per_stream_mean_s, stall_per_stream_p99_s, raw_tput, effective_tput, ...}}` (docs/design.md §10, `tokenflow demo`), plus the app, its URL and whether the job deployed it.
 """
 
 import argparse
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded wor
 
 def main(argv: list[str]) -> int:
     from tokenflow_ray.lab.cluster_bench import DEFAULT_CONFIG, BurstJobConfig, run_burst_job
+    from tokenflow_ray.lab.sim_cli import add_trace_arguments, trace_from_args
 
     p = argparse.ArgumentParser(prog="serve_bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--app", default="tokenflow")
@@ -30,10 +32,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--burst-s", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--json", metavar="PATH", help="also write the JSON here")
+    p.add_argument("--length-scale", type=float, default=1.0, help="with --trace: the trace's lengths x this")
+    add_trace_arguments(p)
     a = p.parse_args(argv)
     try:
+        # The embedded model's context (2,048) bounds a trace's requests unless --max-context says less.
+        trace = trace_from_args(a, max_context=2048) if a.trace else None
+        timeout_s = a.timeout_s + (4 * trace.requests[-1].arrival_s if trace is not None else 0.0)
         cfg = BurstJobConfig(app=a.app, config=a.config, streams=a.streams, max_tokens=a.max_tokens, rate=a.rate,
-                             burst_s=a.burst_s, timeout_s=a.timeout_s)
+                             burst_s=a.burst_s, timeout_s=timeout_s, trace=trace)
     except ValueError as exc:
         print(f"serve_bench.py: {exc}", file=sys.stderr)
         return 2

@@ -98,7 +98,8 @@ def test_a_held_stream_is_always_one_the_rebalance_may_pause():
     while their buffer covers a switch, so a waiting stream can take their place (before, all 16 sat held and idle
     for ~50 steps), and the burst ends no later than under fcfs (tests/engine/test_capacity.py bounds the steps)."""
     engine, _ = make_fake_engine(num_blocks=512, block_size=8, max_num_seqs=16, max_num_batched_tokens=256,
-                                 policy="tokenflow", num_host_blocks=2048)
+                                 policy="tokenflow", num_host_blocks=2048,  # pacing as it was: held while others wait
+                                 tokenflow=TokenFlowConfig(pace=True, pace_while_waiting=True, patience_s=0.0))
     for i in range(40):
         engine.add_request([i % 200 + 1] * 16, SamplingParams(max_tokens=64, ignore_eos=True), rate=20.0)
     policy, held_any, idle_with_waiting = engine.scheduler.policy, 0, 0
@@ -122,7 +123,7 @@ def test_pacing_serves_a_fast_reader_at_its_reading_pace_beside_a_long_stream():
     of it and it is ahead of its schedule to D, it is held, and both finish with every
     block returned."""
     engine, _ = make_fake_engine(num_blocks=256, block_size=4, num_host_blocks=64, max_num_seqs=2, policy="tokenflow",
-                                 tokenflow=TokenFlowConfig(pace=True))
+                                 tokenflow=TokenFlowConfig(pace=True, pace_while_waiting=True))
     fast = engine.add_request([1] * 4, SamplingParams(max_tokens=200, ignore_eos=True), rate=40.0)
     engine.add_request([2] * 4, SamplingParams(max_tokens=400, ignore_eos=True), rate=2.0)
     held_steps = 0

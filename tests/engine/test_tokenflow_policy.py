@@ -71,7 +71,8 @@ def test_delta_t_limits_how_often_the_working_set_is_rechosen():
 
 
 def test_paused_stream_resumes_before_its_buffer_runs_dry():
-    engine, a, b, c = _toy(other_tokens=40)  # B and C finish within ~2 s; A's buffer holds ~9 s
+    # B and C finish within ~2 s; A's buffer holds ~9 s. No patience: A is paused for C at once.
+    engine, a, b, c = _toy(other_tokens=40, patience_s=0.0)
     _steps(engine, 2)
     assert _status(engine, a) == StreamStatus.PREEMPTED
     for _ in range(400):
@@ -81,6 +82,19 @@ def test_paused_stream_resumes_before_its_buffer_runs_dry():
     stream = engine.scheduler.streams[a]
     assert stream.status == StreamStatus.RUNNING
     assert stream.reader.stall_time_at(engine.clock.now()) == 0.0  # its reader never waited
+
+
+def test_a_new_stream_waits_for_memory_a_finishing_stream_frees_instead_of_a_pause():
+    """Near capacity the pool turns over by itself: B ends within about a second (inside patience_s), so the
+    rebalance does not pause A, whose buffer could cover a switch, for C; with no patience A is paused at once."""
+    engine, a, b, c = _toy(other_tokens=40)
+    for _ in range(8):  # until A and B grow into the spare blocks (then memory, not the policy, decides)
+        _steps(engine, 1)
+        assert _status(engine, a) == StreamStatus.RUNNING and _status(engine, c) == StreamStatus.WAITING
+    assert engine.scheduler.streams[a].record.preemptions == 0
+    engine, a, b, c = _toy(other_tokens=40, patience_s=0.0)
+    _steps(engine, 2)
+    assert _status(engine, a) == StreamStatus.PREEMPTED
 
 
 def engine_step_s() -> float:

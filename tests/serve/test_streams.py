@@ -87,5 +87,11 @@ def test_metrics_endpoint_renders_replica_stats(app):
     text = _wait_for(scraped, timeout_s=15)
     assert text, "ttft histogram never showed the finished streams"
     for name in ("tokenflow_tbt_seconds_bucket", "tokenflow_tokens_total", "tokenflow_effective_tokens_total",
-                 "tokenflow_preemptions", "tokenflow_bytes_to_host", "tokenflow_buffer_tokens_mean"):
+                 "tokenflow_preemptions", "tokenflow_bytes_to_host", "tokenflow_buffer_tokens_mean",
+                 "tokenflow_stall_seconds_bucket", "tokenflow_qoe_bucket"):
         assert name in text, name
+    # What readers feel: one QoE and one stall figure per finished paced stream.
+    qoe = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tokenflow_qoe_count"))
+    stalls = sum(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("tokenflow_stall_seconds_count"))
+    assert qoe >= 3 and stalls >= 3

@@ -15,6 +15,7 @@ from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 
 _ACTIVE = (StreamStatus.RUNNING, StreamStatus.LOADING)
+_PACE_TOKENS = 8  # a running stream's pace is read over this many of its last tokens (_freed_by_finishing)
 new_tuple = tuple.__new__  # a chunk made as the tuple it is, without NamedTuple's Python __new__ (_chunk says why)
 
 
@@ -47,6 +48,9 @@ class SchedulerAdmission:
         # The incoming streams need blocks and sequence slots: the set is capped by max_num_seqs as well as memory.
         deficit = sum(self.pool.blocks_for_tokens(s.num_tokens + 1) for s in incoming) - self.pool.num_free
         slots = len(self.by_status(*_ACTIVE)) + len(incoming) - self.config.max_num_seqs
+        if (deficit > 0 or slots > 0) and (patience := self.policy.patience_s(view)) > 0:
+            freed, ending = self._freed_by_finishing(patience, view)
+            deficit, slots = deficit - freed, slots - ending
         paused: list[str] = []
         for s in reversed(ranked):
             if deficit <= 0 and slots <= 0:
@@ -57,6 +61,27 @@ class SchedulerAdmission:
                 self._preempt(s, view)
                 paused.append(s.stream_id)
         return chosen, paused
+
+    def _freed_by_finishing(self, within_s: float, view: SchedulerView) -> tuple[int, int]:
+        """(blocks, slots) that running streams free by finishing within `within_s`: near capacity the pool turns
+        over by itself, and a stream paused for what would be free in a moment only adds a swap and a reader who may
+        stall when it cannot come back. A stream's pace is the slower of a step a token and its own over its last
+        `_PACE_TOKENS` tokens, so a stream that has been slow (held, or in long mixed steps) is not counted on to
+        finish soon."""
+        step_s = max(view.cost.step_s, 1e-6)
+        blocks = ending = 0
+        k = _PACE_TOKENS
+        for s in self.by_status(StreamStatus.RUNNING):
+            times = s.record.token_times
+            if s.num_uncomputed_tokens > 1 or len(times) < 2:
+                continue  # mid-prefill or just started: no pace of its own yet
+            left = s.sampling.max_tokens - s.num_output_tokens
+            recent = times[-k:]
+            per_token = max(step_s, (recent[-1] - recent[0]) / (len(recent) - 1))
+            if left * per_token <= within_s:
+                blocks += len(s.block_ids)
+                ending += 1
+        return blocks, ending
 
     def _admissible_before_next_rebalance(self, incoming: list[Stream], set_size: int,
                                           view: SchedulerView) -> list[Stream]:

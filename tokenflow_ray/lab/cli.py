@@ -121,16 +121,33 @@ def _policies(args: argparse.Namespace) -> int:
     from tokenflow_ray.lab.policy_bench import PolicyBenchConfig, run_policy_bench
     from tokenflow_ray.lab.policy_plots import write_policy_plots
 
+    if args.length_scale is None:
+        args.length_scale = 1.0 if args.trace else 1 / 8
     cfg = PolicyBenchConfig(workload=args.workload, num_requests=args.requests, rate=args.rate,
-                            kv_fraction=args.kv_fraction, length_scale=args.length_scale, seed=args.seed,
+                            kv_fraction=args.kv_fraction, length_scale=1 / 8 if args.trace else args.length_scale,
+                            seed=args.seed,
                             repeats=args.repeats,
                             policies=tuple(p for p in args.policies.split(",") if p),
                             tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu, pace=args.pace))
+    trace = None
+    if args.trace:
+        from dataclasses import replace
+
+        from tokenflow_ray.lab.policy_bench import TRACE_POOL_BLOCKS
+        from tokenflow_ray.lab.sim_cli import trace_from_args
+
+        if args.sweep or args.workload != "burst" or args.requests != 48:
+            raise ValueError("--trace: replaces --workload and --requests; not with --sweep")
+        # The embedded model's context (2,048) bounds a trace's requests unless --max-context says less.
+        trace = trace_from_args(args, max_context=2048)
+        cfg = replace(cfg, pool_blocks=TRACE_POOL_BLOCKS)
+    elif any(getattr(args, k) is not None for k in ("trace_format", "window", "speed", "rates", "max_context")):
+        raise ValueError("--trace-format, --window, --speed, --rates, --max-context: only with --trace")
     if args.sweep:
         return _policy_sweep(args, cfg)
     if args.loads is not None or args.presets is not None:
         raise ValueError("--loads and --presets need --sweep")
-    out, artifacts = run_policy_bench(cfg, ablation=args.ablation)
+    out, artifacts = run_policy_bench(cfg, ablation=args.ablation, replay=trace)
     if args.plots:
         out["plots"] = write_policy_plots(artifacts, args.plots)
         print("plots:", ", ".join(out["plots"]))
@@ -208,12 +225,15 @@ def _host(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from tokenflow_ray.lab.sim_cli import add_trace_arguments
+
     p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
     p.add_argument("--workload", default="burst", choices=["burst", "poisson", "gamma", "mixed"])
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--rate", type=float, default=20.0, help="reader rate, tokens/s")
     p.add_argument("--kv-fraction", type=float, default=0.3, help="device KV pool / the burst's full-length KV")
-    p.add_argument("--length-scale", type=float, default=1 / 8, help="scale on the paper's Table 1 lengths")
+    p.add_argument("--length-scale", type=float, default=None,
+                   help="scale on the paper's Table 1 lengths (default 1/8), or with --trace on the trace's (default 1)")
     p.add_argument("--policies", default="fcfs,andes,tokenflow")
     p.add_argument("--delta-t", type=float, default=0.2, help="tokenflow: seconds between working-set decisions")
     p.add_argument("--mu", type=float, default=2.0, help="tokenflow: buffer conservativeness")
@@ -228,6 +248,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--sweep: any of poisson,gamma,mixed at load 1 (default all; '' for none)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plots", metavar="DIR")
+    add_trace_arguments(p)
     p.set_defaults(handler=_policies)
 
     p = sub.add_parser("engine", help="decode tok/s: engine vs HF generate and generate_batch, roofline, mixed lengths")

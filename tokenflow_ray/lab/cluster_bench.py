@@ -2,7 +2,9 @@
 
 Finds the app by name (`serve deploy`ed, or left by an earlier run) or deploys it from a Serve config YAML, then
 sends the demo's burst of paced streaming clients (lab/demo.py's workload) to the HTTP proxy on this node and
-reports the demo's JSON: `policies: {<the app's policy>: {ttft_p99_s, effective_tput, raw_tput, stall_s, ...}}`.
+reports the demo's JSON: `policies: {<the app's policy>: {ttft_mean_s, ttft_p99_s, qoe_mean, stall_per_stream_mean_s,
+stall_per_stream_p99_s, raw_tput, effective_tput, ...}}`. With a trace (workloads/traces.py) its requests are the
+streams: prompt and output lengths, reader rates and arrival times.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class BurstJobConfig:
     rate: float = 16.0
     burst_s: float = 0.5
     timeout_s: float = 120.0
+    trace: object | None = None  # a workloads/traces.Trace replayed instead of the burst (streams, lengths, rates)
 
     def __post_init__(self) -> None:
         if self.streams <= 0 or self.max_tokens <= 0 or self.rate < 0 or self.burst_s < 0 or self.timeout_s <= 0:
@@ -77,22 +80,19 @@ def find_or_deploy(cfg: BurstJobConfig) -> tuple[str, dict[str, Any], bool]:
 
 def run_burst_job(cfg: BurstJobConfig) -> dict[str, Any]:
     from tokenflow_ray.client import StreamSpec, run_load
-    from tokenflow_ray.lab.demo import DemoConfig
+    from tokenflow_ray.lab.demo import DemoConfig, load_row
 
     start = time.monotonic()
     base_url, args, deployed = find_or_deploy(cfg)
     served = ServeConfig.from_dict({**args, "app_name": cfg.app}) if args else ServeConfig(app_name=cfg.app)
     policy = served.engine.scheduler.policy
     demo = DemoConfig(policies=(policy,), streams=cfg.streams, max_tokens=cfg.max_tokens, rate=cfg.rate,
-                      burst_s=cfg.burst_s, timeout_s=cfg.timeout_s)
+                      burst_s=cfg.burst_s, timeout_s=cfg.timeout_s, trace=cfg.trace)
     asyncio.run(run_load(base_url, [StreamSpec("warm up", max_tokens=2)], api_key=served.api_key, timeout_s=60))
     res = asyncio.run(run_load(base_url, demo.specs(), model=served.engine.model.model, api_key=served.api_key,
                                timeout_s=cfg.timeout_s, report_interval_s=1.0))
-    s = res.summary()
-    row = {"ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s, "effective_tput": s.effective_tput,
-           "raw_tput": s.raw_tput, "stall_s": s.stall_s, "qoe_mean": s.qoe_mean, "complete": res.num_complete,
-           "streams": len(res.results), "admitted": res.num_admitted, "rejected": res.num_rejected}
-    return {"app": cfg.app, "url": base_url, "deployed": deployed, "policies": {policy: row},
-            "workload": {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "rate": cfg.rate,
-                         "burst_s": cfg.burst_s},
+    row = load_row(res)
+    workload = ({"trace": cfg.trace.describe()} if cfg.trace is not None else
+                {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "rate": cfg.rate, "burst_s": cfg.burst_s})
+    return {"app": cfg.app, "url": base_url, "deployed": deployed, "policies": {policy: row}, "workload": workload,
             "autoscaling": served.autoscaling is not None, "wall_s": time.monotonic() - start}

@@ -18,6 +18,23 @@ from dataclasses import dataclass, replace
 from tokenflow_ray.client import LoadResult, StreamSpec, run_load
 from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
+_FILLER = "the sea was calm and the ship sailed on through the night while the crew told stories. "
+
+
+def trace_prompt(index: int, tokens: int) -> str:
+    """A prompt of about `tokens` tokens for the embedded model's byte-level tokenizer (one token a byte, and the
+    two its template adds), distinct from its first bytes on, so no two streams share a prefix by accident."""
+    head = f"Reader {index:05d}: "
+    body = max(0, tokens - 2 - len(head))
+    return head + (_FILLER * (body // len(_FILLER) + 1))[:body]
+
+
+def trace_specs(trace) -> list[StreamSpec]:
+    """A replayed trace (workloads/traces.Trace) as paced streaming clients: each request's prompt length, output
+    length, reader rate and arrival."""
+    return [StreamSpec(trace_prompt(r.index, r.prompt_len), max_tokens=r.output_len, rate=r.rate, start_s=r.arrival_s)
+            for r in trace.requests]
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -30,6 +47,7 @@ class DemoConfig:
     host_blocks: int = 1024  # CPU spill store (blocks): paused streams live here, so the working set can exceed the device pool
     num_cpus: int = 4  # the local Ray instance
     timeout_s: float = 120.0  # per policy
+    trace: object | None = None  # a workloads/traces.Trace replayed instead of the burst
 
     def __post_init__(self) -> None:
         if not self.policies or self.streams <= 0 or self.max_tokens <= 0 or self.rate <= 0:
@@ -40,7 +58,11 @@ class DemoConfig:
 
     @property
     def stream_tokens(self) -> int:
-        """Prompt + output of one stream: a fact of the workload (byte-level tokenizer: ~1 token per byte)."""
+        """Prompt + output of one stream: a fact of the workload (byte-level tokenizer: ~1 token per byte); a
+        trace's mean."""
+        if self.trace is not None:
+            d = self.trace.describe()
+            return round(d["mean_prompt"] + d["mean_output"])
         return len(self.prompt(0).encode()) + 2 + self.max_tokens
 
     def serve_config(self, policy: str) -> ServeConfig:
@@ -51,6 +73,8 @@ class DemoConfig:
                                                num_host_blocks=self.host_blocks, block_size=block))
 
     def specs(self) -> list[StreamSpec]:
+        if self.trace is not None:
+            return trace_specs(self.trace)
         gap = self.burst_s / max(1, self.streams - 1)
         return [StreamSpec(self.prompt(i), max_tokens=self.max_tokens, rate=self.rate, start_s=i * gap)
                 for i in range(self.streams)]
@@ -68,11 +92,20 @@ def _run_policy(base_url: str, cfg: DemoConfig, policy: str, progress) -> LoadRe
     deploy(serve_cfg)
     try:
         asyncio.run(run_load(base_url, [StreamSpec("warm up", max_tokens=2)], timeout_s=60))
-        task = progress.add_task(f"{policy:>9}", total=cfg.streams)
+        task = progress.add_task(f"{policy:>9}", total=len(cfg.specs()))
         return asyncio.run(run_load(base_url, cfg.specs(), timeout_s=cfg.timeout_s, report_interval_s=1.0,
                                     on_done=lambda _: progress.advance(task)))
     finally:
         undeploy(serve_cfg)
+
+
+def load_row(res: LoadResult) -> dict:
+    """A load run's figures as every table and JSON shows them: what readers feel first."""
+    s = res.summary().to_dict()
+    keys = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "qoe_mean", "stall_per_stream_mean_s",
+            "stall_per_stream_p99_s", "stall_s", "raw_tput", "effective_tput", "preemptions")
+    return {**{k: s[k] for k in keys}, "complete": res.num_complete, "streams": len(res.results),
+            "admitted": res.num_admitted, "rejected": res.num_rejected}
 
 
 def run_demo(cfg: DemoConfig) -> tuple[dict, dict[str, LoadResult]]:
@@ -88,15 +121,12 @@ def run_demo(cfg: DemoConfig) -> tuple[dict, dict[str, LoadResult]]:
             runs[policy] = _run_policy(base_url, cfg, policy, progress)
     policies = {}
     for name, res in runs.items():
-        s = res.summary()
-        policies[name] = {"ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s,
-                          "effective_tput": s.effective_tput, "raw_tput": s.raw_tput, "stall_s": s.stall_s,
-                          "qoe_mean": s.qoe_mean, "complete": res.num_complete, "streams": len(res.results),
-                          "admitted": res.num_admitted, "rejected": res.num_rejected}
+        policies[name] = load_row(res)
     sc = cfg.serve_config(cfg.policies[0])
     adm, cache = sc.admission(), sc.engine.cache
     report = {"policies": policies, "wall_s": time.monotonic() - start,
-              "workload": {"streams": cfg.streams, "max_tokens": cfg.max_tokens, "rate": cfg.rate,
+              "workload": {"trace": cfg.trace.describe() if cfg.trace is not None else None,
+                           "streams": len(cfg.specs()), "max_tokens": cfg.max_tokens, "rate": cfg.rate,
                            "burst_s": cfg.burst_s, "num_device_blocks": cache.num_device_blocks,
                            "num_host_blocks": cache.num_host_blocks, "block_size": cache.block_size,
                            "expected_stream_tokens": sc.expected_stream_tokens,
@@ -110,26 +140,39 @@ def print_table(report: dict) -> str:
     from rich.table import Table
 
     w = report["workload"]
-    table = Table(title=f"{w['streams']} streams x {w['max_tokens']} tokens read at {w['rate']} tok/s, "
-                        f"KV pool {w['num_device_blocks']} blocks",
+    t = w.get("trace")
+    title = (f"{w['streams']} streams x {w['max_tokens']} tokens read at {w['rate']} tok/s" if t is None else
+             f"trace {t['trace']} at {t['speed']:g}x: {w['streams']} streams, mean prompt {t['mean_prompt']:.0f}, "
+             f"output {t['mean_output']:.0f}")
+    table = Table(title=f"{title}, KV pool {w['num_device_blocks']} blocks",
                   caption=f"a replica takes {w['max_ongoing_requests']} streams, Serve queues "
                           f"{w['max_queued_requests']} more; the rest get 429 (rejected). "
                           "TTFT, throughput and stall are over admitted streams.")
     table.add_column("policy", no_wrap=True)
-    for col in ("TTFT p50 (s)", "TTFT p99 (s)", "eff. tok/s", "raw tok/s", "stall (s)", "done", "429"):
+    cols = (("TTFT mean (s)", "ttft_mean_s", ".2f"), ("TTFT p99 (s)", "ttft_p99_s", ".2f"), ("QoE", "qoe_mean", ".3f"),
+            ("stall/stream (s)", "stall_per_stream_mean_s", ".2f"), ("stall p99 (s)", "stall_per_stream_p99_s", ".2f"),
+            ("raw tok/s", "raw_tput", ".1f"), ("eff. tok/s", "effective_tput", ".1f"))
+    for col, _, _ in cols:
         table.add_column(col, justify="right")
+    table.add_column("done", justify="right")
+    table.add_column("429", justify="right")
     for name, p in report["policies"].items():
-        table.add_row(name, f"{p['ttft_p50_s']:.2f}", f"{p['ttft_p99_s']:.2f}", f"{p['effective_tput']:.1f}",
-                      f"{p['raw_tput']:.1f}", f"{p['stall_s']:.1f}", f"{p['complete']}/{p['admitted']}",
-                      str(p["rejected"]))
+        cells = ["—" if p.get(k) is None else format(p[k], f) for _, k, f in cols]
+        table.add_row(name, *cells, f"{p['complete']}/{p['admitted']}", str(p["rejected"]))
     console = Console(record=True)
     console.print(table)
     return console.export_text()
 
 
 def demo_config(policies: str | None = None, streams: int | None = None, max_tokens: int | None = None,
-                rate: float | None = None, quick: bool = False) -> DemoConfig:
+                rate: float | None = None, quick: bool = False, trace=None) -> DemoConfig:
     cfg = QUICK if quick else DemoConfig()
+    if trace is not None:
+        if streams or max_tokens or rate:
+            raise ValueError("--trace: sets the streams, their lengths and rates; not with --streams, --max-tokens, "
+                             "--rate")
+        span = trace.requests[-1].arrival_s
+        cfg = replace(cfg, trace=trace, timeout_s=cfg.timeout_s + 4 * span)
     if max_tokens:
         cfg = replace(cfg, max_tokens=max_tokens)
     if rate:

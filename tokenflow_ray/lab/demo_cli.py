@@ -11,7 +11,14 @@ def _demo(args: argparse.Namespace) -> int:
     from tokenflow_ray.lab.demo import demo_config, print_table, run_demo
     from tokenflow_ray.lab.demo_plots import write_plots
 
-    cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate, quick=args.quick)
+    trace = None
+    if args.trace:
+        from tokenflow_ray.lab.sim_cli import trace_from_args
+
+        trace = trace_from_args(args, max_context=2048)  # the embedded model's context
+    elif any(getattr(args, k) is not None for k in ("trace_format", "window", "speed", "rates", "max_context")):
+        raise ValueError("--trace-format, --window, --speed, --rates, --max-context: only with --trace")
+    cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate, quick=args.quick, trace=trace)
     report, runs = run_demo(cfg)  # Ray and Serve are shut down when it returns: nothing of theirs prints after
     paths = write_plots(runs, args.plots) if args.plots else []
     write_json(args.json, report)
@@ -23,6 +30,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from tokenflow_ray.lab.sim_cli import add_trace_arguments
+
     d = sub.add_parser("demo", help="a burst of paced streaming clients over HTTP under each policy, compared")
     d.add_argument("--policies", default="tokenflow,fcfs", help="comma-separated policy names")
     d.add_argument("--streams", type=int, help="streams in the burst (default 48, 16 with --quick)")
@@ -32,4 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a short run (16 streams x 48 tokens, both policies): a fresh-install check")
     d.add_argument("--plots", default="out/demo", metavar="DIR", help="where the PNG plots go")
     d.add_argument("--json", metavar="PATH")
+    d.add_argument("--length-scale", type=float, default=1.0, help="with --trace: the trace's lengths x this")
+    add_trace_arguments(d)
     d.set_defaults(handler=_demo)

@@ -19,6 +19,8 @@ from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, 
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.metrics import summarize
+from tokenflow_ray.metrics.guards import describe as describe_guards
+from tokenflow_ray.metrics.guards import guards
 from tokenflow_ray.metrics.summary import policy_ratios
 from tokenflow_ray.runner.factory import build_engine
 from tokenflow_ray.workloads.ablations import ABLATIONS
@@ -146,11 +148,17 @@ def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
     return summary, trace, records
 
 
+TRACE_POOL_BLOCKS = (512, 2048)  # a replayed trace's pools (device, host): what the CPU runs of issue 41 used
+
+
 def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
-                     progress: Callable[[str], None] = print) -> tuple[dict, dict]:
-    requests = make_requests(cfg.workload_spec())
+                     progress: Callable[[str], None] = print, replay=None) -> tuple[dict, dict]:
+    """Each policy on the config's workload, or on a replayed trace (`replay`: workloads/traces.Trace) when given;
+    the JSON's `workload` then describes the trace."""
+    requests = make_requests(cfg.workload_spec()) if replay is None else replay.requests
     device_blocks, host_blocks = pool_sizes(cfg, requests)
-    progress(f"{cfg.workload}: {len(requests)} requests, Σrate {sum(r.rate for r in requests):.0f} tok/s, "
+    name = cfg.workload if replay is None else f"trace {replay.path}"
+    progress(f"{name}: {len(requests)} requests, Σrate {sum(r.rate for r in requests):.0f} tok/s, "
              f"KV pool {device_blocks} blocks of {cfg.block_size} (host {host_blocks})")
     runs: dict[str, list[dict]] = {p: [] for p in cfg.policies}
     artifacts: dict[str, tuple[RunTrace, list]] = {}
@@ -161,10 +169,12 @@ def run_policy_bench(cfg: PolicyBenchConfig, ablation: bool = False,
             artifacts[policy] = (trace, records)  # plots show the last repeat
             progress(f"[{repeat + 1}/{cfg.repeats}] " + _row(policy, summary))
     results = {p: _median(r) for p, r in runs.items()}
-    out: dict = {"workload": {**asdict(cfg.workload_spec()), "num_requests": len(requests)},
-                 "config": asdict(cfg), "policies": results, "runs": runs}
+    workload = replay.describe() if replay is not None else {**asdict(cfg.workload_spec()), "num_requests": len(requests)}
+    out: dict = {"workload": workload, "config": asdict(cfg), "policies": results, "runs": runs}
     if "tokenflow" in results and "fcfs" in results:
         out["tokenflow_vs_fcfs"] = policy_ratios(results["tokenflow"], results["fcfs"])
+        out["guards"] = {"tokenflow_vs_fcfs": guards(results["tokenflow"], results["fcfs"])}
+        progress(f"guards tokenflow vs fcfs: {describe_guards(out['guards']['tokenflow_vs_fcfs'])}")
         if "andes" in results:
             out["tokenflow_vs_andes"] = {"effective_tput": policy_ratios(results["tokenflow"],
                                                                          results["andes"])["effective_tput"]}
@@ -196,6 +206,12 @@ def _median(runs: list[dict]) -> dict:
 
 
 def _row(name: str, s: dict) -> str:
-    return (f"{name:>17}: TTFT p50 {s['ttft_p50_s']:6.2f}s p99 {s['ttft_p99_s']:6.2f}s | effective {s['effective_tput']:7.1f}"
-            f" raw {s['raw_tput']:7.1f} tok/s | stall {s['stall_s']:7.1f}s | preemptions {s['preemptions']:4.0f}"
-            f" | done {s['completion_s']:5.1f}s")
+    def f(key: str, fmt: str) -> str:
+        v = s.get(key)
+        return "—" if v is None else format(v, fmt)
+
+    return (f"{name:>17}: TTFT mean {f('ttft_mean_s', '6.2f')}s p99 {f('ttft_p99_s', '6.2f')}s | QoE "
+            f"{f('qoe_mean', '.3f')} | stall/stream {f('stall_per_stream_mean_s', '.2f')}s p99 "
+            f"{f('stall_per_stream_p99_s', '.2f')}s | raw {f('raw_tput', '7.1f')} effective "
+            f"{f('effective_tput', '7.1f')} tok/s | preemptions {f('preemptions', '4.0f')} | done "
+            f"{f('completion_s', '5.1f')}s")

@@ -43,11 +43,9 @@ def _progress_factory(enabled: bool):
 
 
 def _print_policies(policies: dict) -> None:
-    print(f"{'policy':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'effective':>10} {'raw':>8} {'stall':>9} "
-          f"{'preempt':>8} {'done (s)':>9}")
-    for name, s in policies.items():
-        print(f"{name:>10} {s['ttft_p50_s']:9.2f} {s['ttft_p99_s']:9.2f} {s['effective_tput']:10.1f} "
-              f"{s['raw_tput']:8.1f} {s['stall_s']:9.1f} {s['preemptions']:8d} {s['completion_s']:9.1f}")
+    from tokenflow_ray.metrics.table import policy_table
+
+    print(policy_table(policies))
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -66,6 +64,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.tokenflow and (args.action not in ("run", "cpu-sweep") or args.table or args.table_from or args.sweep
                            or args.ablation):
         raise ValueError("--tokenflow: only with a single setup run or cpu-sweep")
+    if args.trace is None and any(getattr(args, k) is not None for k in _TRACE_ONLY):
+        raise ValueError("--" + next(k for k in _TRACE_ONLY if getattr(args, k) is not None).replace("_", "-")
+                         + ": only with --trace")
     if args.action == "validate":
         return _validate(args)
     if args.action == "cpu-sweep":
@@ -81,7 +82,17 @@ def _simulate(args: argparse.Namespace) -> int:
     # Table 2 is the 4090's setup (b); everything else defaults to the H200 and setup (a).
     args.gpu_given = args.gpu
     args.gpu = args.gpu or ("4090" if args.ablation else "h200")
+    args.setup_given = args.setup is not None
     args.setup = args.setup or ("b" if args.ablation else "a")
+    if args.trace:
+        if args.table or args.table_from or args.sweep or args.ablation or args.setup_given or migration:
+            raise ValueError("--trace: replaces --setup; not with --table, --sweep, --ablation or --migration")
+        out = experiments.run_trace(args.gpu, args.model, trace_from_args(args), policies, replicas=args.replicas,
+                                    router=args.router, seed=args.seed, tokenflow=tokenflow_config(args.tokenflow),
+                                    checks=not args.no_checks, progress=progress)
+        _print_trace_run(out)
+        write_json(args.json, out)
+        return 0
     if args.table_from:
         import json
         from pathlib import Path
@@ -138,6 +149,46 @@ def _simulate(args: argparse.Namespace) -> int:
             plot_policies(out, args.plots)
     write_json(args.json, out)
     return 0
+
+
+_TRACE_ONLY = ("trace_format", "window", "speed", "rates", "max_context")
+
+
+def trace_from_args(args: argparse.Namespace, max_context: int | None = None):
+    """The Trace that --trace and its options name (workloads/traces.py); --length-scale scales its lengths."""
+    from tokenflow_ray.workloads.traces import TraceOptions, load_trace, parse_rates, parse_window
+
+    options = TraceOptions(window=parse_window(args.window) if args.window else None, speed=args.speed or 1.0,
+                           rates=parse_rates(args.rates) if args.rates else TraceOptions().rates,
+                           length_scale=args.length_scale, max_context=args.max_context or max_context,
+                           seed=getattr(args, "seed", 0), format=args.trace_format)
+    return load_trace(args.trace, options)
+
+
+def _print_trace_run(out: dict) -> None:
+    from tokenflow_ray.metrics.guards import describe
+
+    print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{out['setup']['replicas']}")
+    _print_policies(out["policies"])
+    for name, report in out.get("guards", {}).items():
+        print(f"guards {name}: {'ok' if report['ok'] else 'FAILED'} {describe(report)}")
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """--trace and its options, the same on every command that replays a trace."""
+    from tokenflow_ray.workloads.traces import TRACE_FORMATS
+
+    g = p.add_argument_group("trace replay (../shared/data/traces/README.md)")
+    g.add_argument("--trace", default=None, metavar="PATH",
+                   help="replay a production trace: Azure LLM inference CSV, BurstGPT CSV or Mooncake JSONL")
+    g.add_argument("--trace-format", default=None, choices=TRACE_FORMATS, help="default: told by the file's content")
+    g.add_argument("--window", default=None, metavar="START_MIN:MINUTES",
+                   help="the requests arriving in this window, counted from the trace's first (e.g. 0:10)")
+    g.add_argument("--speed", type=float, default=None, metavar="X", help="arrivals X times faster (default 1)")
+    g.add_argument("--rates", default=None, metavar="RATE:FRACTION,...",
+                   help="each stream's reader rate, drawn in these proportions, seeded (default 15:0.4,20:0.6)")
+    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                   help="prompt + output at most this (the prompt is cut first)")
 
 
 def tokenflow_config(spec: str | None):
@@ -272,7 +323,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default h200 (4090 with --ablation); h200-measured: this engine as measured on an H200")
     p.add_argument("--length-scale", type=float, default=1.0,
                    help="prompt and output lengths x this (rounded, at least 8 / 16 tokens), KV pools with them: "
-                        "0.125 is how the H200 runs at 1/8 were made")
+                        "0.125 is how the H200 runs at 1/8 were made; with --trace, the trace's lengths")
     p.add_argument("--tokenflow", default=None, metavar="SPEC",
                    help="tokenflow's config for a single setup run: KEY=VALUE,... over the defaults, or as_before[,"
                         "KEY=VALUE...] over the policy as the first GPU runs ran it (TokenFlowConfig.as_run)")
@@ -313,4 +364,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--plots", default=None, help="directory for PNG plots")
+    add_trace_arguments(p)
     p.set_defaults(handler=_simulate)

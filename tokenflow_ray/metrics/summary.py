@@ -31,6 +31,7 @@ class PolicySummary:
     raw_tput: float  # tokens / makespan
     stall_s: float  # total stall seconds over all streams
     stall_per_stream_mean_s: float
+    stall_per_stream_p99_s: float
     qoe_mean: float  # Andes QoE over paced streams with tokens
     preemptions: int
     tokens_recomputed: int
@@ -100,6 +101,7 @@ def summarize(
         raw_tput=total_tokens * per_s,
         stall_s=float(sum(stalls)),
         stall_per_stream_mean_s=_mean(stalls),
+        stall_per_stream_p99_s=_percentile(stalls, 99),
         qoe_mean=_mean(qoes),
         preemptions=sum(r.preemptions for r in records),
         tokens_recomputed=sum(r.tokens_recomputed for r in records),
@@ -109,9 +111,16 @@ def summarize(
 
 
 def policy_ratios(num: dict, den: dict) -> dict:
-    """num / den for effective throughput, P99 TTFT and raw throughput; None where den is 0 or undefined."""
+    """num / den for effective throughput, P99 and mean TTFT, raw throughput and QoE; None where den is 0 or
+    undefined. Stalls are differences (num - den, seconds per stream): fcfs's are often 0, so a ratio says nothing."""
     def ratio(key: str) -> float | None:
         a, b = num.get(key), den.get(key)
         return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
-    return {"effective_tput": ratio("effective_tput"), "ttft_p99": ratio("ttft_p99_s"), "raw_tput": ratio("raw_tput")}
+    def diff(key: str) -> float | None:
+        a, b = num.get(key), den.get(key)
+        return a - b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+    return {"effective_tput": ratio("effective_tput"), "ttft_p99": ratio("ttft_p99_s"), "raw_tput": ratio("raw_tput"),
+            "ttft_mean": ratio("ttft_mean_s"), "qoe": ratio("qoe_mean"),
+            "stall_mean_minus_s": diff("stall_per_stream_mean_s"), "stall_p99_minus_s": diff("stall_per_stream_p99_s")}

@@ -20,6 +20,7 @@ from dataclasses import asdict, replace
 from tokenflow_ray.cluster.migration_policy import MigrationSettings
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.metrics import summarize
+from tokenflow_ray.metrics.guards import guards
 from tokenflow_ray.metrics.summary import policy_ratios
 from tokenflow_ray.sim.hardware import MEASURED, deployment
 from tokenflow_ray.sim.migration import MigrationLink
@@ -36,6 +37,7 @@ from tokenflow_ray.sim.setups import (
 from tokenflow_ray.sim.simulator import SimOutcome, Simulation
 from tokenflow_ray.workloads.ablations import ABLATIONS
 from tokenflow_ray.workloads.generators import RequestSpec
+from tokenflow_ray.workloads.traces import Trace
 
 Progress = Callable[[int, int], None] | None
 
@@ -116,6 +118,38 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
                             "ours": ratios(moved),
                             "vs_no_migration": {p: policy_ratios(moved[p], results[p]) for p in moved}}
     return out
+
+
+def run_trace(gpu: str, model: str, trace: Trace, policies: Sequence[str] = ("fcfs", "tokenflow"),
+              replicas: int = 1, router: str = "slack", seed: int = 0, tokenflow: TokenFlowConfig | None = None,
+              checks: bool = True, progress: Callable[[str], Progress] | None = None) -> dict:
+    """A replayed trace (workloads/traces.py) under each policy on the same requests; tokenflow's reader-felt
+    guards against fcfs (metrics/guards.py) beside the ratios. The JSON: `setup` (the trace as replayed),
+    `policies: {name: summary}`, `ours`, `guards`."""
+    dep = deployment(gpu, model)
+    too_long = [r for r in trace.requests if r.prompt_len + r.output_len > dep.model.max_model_len]
+    if too_long:
+        raise ValueError(f"{trace.path}: {len(too_long)} requests exceed {model}'s context of "
+                         f"{dep.model.max_model_len} tokens; pass --max-context {dep.model.max_model_len}")
+    results = {}
+    for policy in policies:
+        bar = progress(policy) if progress is not None else None
+        results[policy] = simulate_policy(gpu, model, policy, trace.requests, replicas, router, tokenflow,
+                                          checks=checks, seed=seed, progress=bar)
+    out = {"setup": {**trace.describe(), "describe": _trace_label(trace), "gpu": gpu, "model": model,
+                     "deployment": dep.name, "tp": dep.tp, "kv_pool_tokens": dep.kv_pool_tokens,
+                     "replicas": replicas, "router": router if replicas > 1 else None},
+           "policies": results, "ours": ratios(results)}
+    if "tokenflow" in results and "fcfs" in results:
+        out["guards"] = {"tokenflow_vs_fcfs": guards(results["tokenflow"], results["fcfs"])}
+    return out
+
+
+def _trace_label(trace: Trace) -> str:
+    o, d = trace.options, trace.describe()
+    window = f", min {o.window[0]:g}-{o.window[0] + o.window[1]:g}" if o.window else ""
+    return (f"trace {trace.path.rsplit('/', 1)[-1]}{window} at {o.speed:g}x: {d['num_requests']} streams, "
+            f"{d['requests_per_s'] or 0:.1f} req/s, mean prompt {d['mean_prompt']:.0f}, output {d['mean_output']:.0f}")
 
 
 def setup_dict(setup: PaperSetup, gpu: str, model: str, requests: Sequence[RequestSpec], replicas: int,

@@ -148,16 +148,20 @@ def _arrivals(spec: WorkloadSpec, rng: random.Random) -> list[float]:
 
 
 def _rates(spec: WorkloadSpec, rng: random.Random) -> list[float]:
-    n = spec.num_requests
     if spec.name != "mixed":
-        return [spec.rate] * n
-    # Exact proportions (largest remainder), then a seeded shuffle: a 40/60 mix is 40/60, not "about".
-    quotas = [fraction * n for _, fraction in spec.rate_mix]
+        return [spec.rate] * spec.num_requests
+    return assign_rates(spec.num_requests, spec.rate_mix, rng)
+
+
+def assign_rates(n: int, rate_mix: tuple[tuple[float, float], ...], rng: random.Random) -> list[float]:
+    """n reader rates in exact proportions (largest remainder), then a seeded shuffle: a 40/60 mix is 40/60, not
+    "about"."""
+    quotas = [fraction * n for _, fraction in rate_mix]
     counts = [int(q) for q in quotas]
     by_remainder = sorted(range(len(quotas)), key=lambda i: quotas[i] - counts[i], reverse=True)
     for i in by_remainder[: n - sum(counts)]:
         counts[i] += 1
-    rates = [rate for (rate, _), count in zip(spec.rate_mix, counts) for _ in range(count)]
+    rates = [rate for (rate, _), count in zip(rate_mix, counts) for _ in range(count)]
     rng.shuffle(rates)
     return rates
 

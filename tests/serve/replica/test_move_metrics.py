@@ -36,3 +36,19 @@ def test_moves_are_counted_by_reason_and_outcome_with_their_hand_off_times():
     assert handoff['tokenflow_migration_handoff_seconds_bucket{le="0.1",reason="drain",replica="r1"}'] == 1.0
     assert handoff['tokenflow_migration_handoff_seconds_bucket{le="+Inf",reason="drain",replica="r1"}'] == 2.0
     assert 'reason="requested"' not in "".join(handoff)  # an untimed failure has no hand-off
+
+
+def test_stream_totals_count_each_readers_stall_and_qoe():
+    from tokenflow_ray.metrics.stream_metrics import StreamRecord
+
+    on_time = StreamRecord("a", arrival_s=0.0, prompt_len=4, rate=4.0,
+                           token_times=[0.1, 0.35, 0.6, 0.85], token_buffers=[0.0] * 4, finished=True)
+    stalled = StreamRecord("b", arrival_s=0.0, prompt_len=4, rate=4.0,
+                           token_times=[0.1, 0.35, 3.0, 3.25], token_buffers=[0.0] * 4, finished=True)
+    totals = StreamTotals()
+    totals.add([on_time, stalled])
+    d = totals.to_dict()
+    assert sum(d["qoe"]["counts"]) == sum(d["stall"]["counts"]) == 2
+    assert d["stall"]["sum"] > 2.0 and d["qoe"]["sum"] < 2.0  # the stalled reader lost QoE
+    text = render_prometheus({"r1": {"gauges": {}, "totals": d}}).decode()
+    assert 'tokenflow_qoe_count{replica="r1"} 2.0' in text and "tokenflow_stall_seconds_sum" in text

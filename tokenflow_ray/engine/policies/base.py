@@ -66,6 +66,11 @@ class SchedulingPolicy(ABC):
         """Running streams to skip this step (they keep their blocks): compute-side balancing."""
         return set()
 
+    def patience_s(self, view: SchedulerView) -> float:
+        """How long the streams a rebalance brings in may wait for the blocks and slots that running streams free
+        by finishing, before a running stream is paused for them (0: pause at once)."""
+        return 0.0
+
     def reserve_tokens(self, running: Sequence[Stream]) -> int:
         """Tokens kept free for running streams' growth when admitting a new stream (memory-aware admission)."""
         return 0

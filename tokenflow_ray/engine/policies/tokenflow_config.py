@@ -25,6 +25,8 @@ class TokenFlowConfig:
     ranking: str = "tiers"  # utility: by utility alone | tiers: due, then full-value running, then ... (rank())
     switch_link_share: float | None = 0.25  # reloads a rebalance starts: at most this share of the link for Δt
     recompute_weight: str = "batch"  # resume_by_load: t_recompute counts once ("one") or for the batch it delays
+    patience_s: float = 2.0  # a rebalance pauses nobody for what running streams free by finishing within this
+    pace_while_waiting: bool = False  # pacing holds streams also while others wait for the device
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
@@ -48,6 +50,8 @@ class TokenFlowConfig:
             raise ValueError(f"tokenflow.switch_link_share: None or > 0, got {self.switch_link_share!r}")
         if self.recompute_weight not in ("one", "batch"):
             raise ValueError(f"tokenflow.recompute_weight: one or batch, got {self.recompute_weight!r}")
+        if not (isinstance(self.patience_s, (int, float)) and math.isfinite(self.patience_s) and self.patience_s >= 0):
+            raise ValueError(f"tokenflow.patience_s: must be a finite number >= 0, got {self.patience_s!r}")
         if self.ranking not in ("utility", "tiers"):
             raise ValueError(f"tokenflow.ranking: utility or tiers, got {self.ranking!r}")
         if not 0 <= self.overload_hysteresis < 1:
@@ -68,4 +72,4 @@ class TokenFlowConfig:
 # `pace` existed then, off by default (its D and hold rule were older; `pace` is off in every replay of those runs).
 AS_BEFORE: dict[str, object] = {"pace": False, "capacity_from": "all_steps", "overload_hysteresis": 0.0,
                                 "growth_reserve": False, "ranking": "utility", "switch_link_share": None,
-                                "recompute_weight": "one"}
+                                "recompute_weight": "one", "patience_s": 0.0, "pace_while_waiting": True}

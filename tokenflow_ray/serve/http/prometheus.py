@@ -24,11 +24,15 @@ def render_prometheus(by_replica: dict[str, dict[str, Any]]) -> bytes:
     class _Snapshot:
         def collect(self):
             for key, name, doc in (("ttft", "tokenflow_ttft_seconds", "submission to first token"),
-                                   ("tbt", "tokenflow_tbt_seconds", "gap between tokens as emitted")):
+                                   ("tbt", "tokenflow_tbt_seconds", "gap between tokens as emitted"),
+                                   ("stall", "tokenflow_stall_seconds",
+                                    "a finished stream's reader time with an empty buffer"),
+                                   ("qoe", "tokenflow_qoe", "a finished stream's Andes QoE (1: every token on time)")):
                 fam = HistogramMetricFamily(name, doc, labels=["replica"])
                 for rid, s in by_replica.items():
-                    h = s["totals"][key]
-                    fam.add_metric([rid], buckets(h), h["sum"])
+                    h = s["totals"].get(key)
+                    if h is not None:  # a replica of an older version sends no stall or QoE
+                        fam.add_metric([rid], buckets(h), h["sum"])
                 yield fam
             moves = {rid: s["moves"] for rid, s in by_replica.items() if s.get("moves")}
             fam = CounterMetricFamily("tokenflow_migrations", "streams moved away, by reason and outcome",

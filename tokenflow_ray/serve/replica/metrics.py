@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from tokenflow_ray.metrics.stream_metrics import StreamRecord, effective_tokens
+from tokenflow_ray.metrics.stream_metrics import StreamRecord, effective_tokens, stream_qoe, stream_stall_s
 
 # ReplicaStats fields (tokenflow_ray/cluster/replica_stats.py) the replica also exports through Ray; /metrics
 # renders every gauge in the snapshot, these included.
@@ -24,6 +24,10 @@ ROUTING_GAUGES = ("num_paused", "num_live", "sum_rate", "waiting_rate", "capacit
                   "queued_prefill_s", "host_blocks_free", "admitted_total")
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# What a reader feels, per finished stream: seconds its reader waited with an empty buffer, and Andes' QoE (1: every
+# token on time; metrics/stream_metrics.py). Histograms, so a dashboard reads the mean and the P99 of each.
+STALL_BUCKETS = (0.01, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+QOE_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0)
 # A served move, the source's order to the target's import: 40-150 ms here (docs/results/cluster.md).
 HANDOFF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -51,6 +55,8 @@ class StreamTotals:
     def __init__(self) -> None:
         self.ttft = HistogramCounts(TTFT_BUCKETS)
         self.tbt = HistogramCounts(TBT_BUCKETS)
+        self.stall = HistogramCounts(STALL_BUCKETS)
+        self.qoe = HistogramCounts(QOE_BUCKETS)
         self.tokens = 0
         self.effective_tokens = 0.0
 
@@ -59,11 +65,16 @@ class StreamTotals:
             if r.ttft_s is not None:
                 self.ttft.observe_many([r.ttft_s])
             self.tbt.observe_many(r.tbt_s)
+            if r.token_times:
+                self.stall.observe_many([stream_stall_s(r)])
+                if (q := stream_qoe(r)) is not None:
+                    self.qoe.observe_many([q])
             self.tokens += r.output_len
             self.effective_tokens += effective_tokens(r)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ttft": self.ttft.to_dict(), "tbt": self.tbt.to_dict(), "tokens_total": self.tokens,
+        return {"ttft": self.ttft.to_dict(), "tbt": self.tbt.to_dict(), "stall": self.stall.to_dict(),
+                "qoe": self.qoe.to_dict(), "tokens_total": self.tokens,
                 "effective_tokens_total": self.effective_tokens}
 
 
@@ -97,6 +108,10 @@ class ReplicaMetrics:
         tags, keys = {"model": model}, ("model",)
         self.ttft = m.Histogram("tokenflow_ttft_seconds", "submission to first token", list(TTFT_BUCKETS), keys)
         self.tbt = m.Histogram("tokenflow_tbt_seconds", "gap between tokens as emitted", list(TBT_BUCKETS), keys)
+        self.stall = m.Histogram("tokenflow_stall_seconds", "a finished stream's reader time with an empty buffer",
+                                 list(STALL_BUCKETS), keys)
+        self.qoe = m.Histogram("tokenflow_qoe", "a finished stream's Andes QoE (1: every token on time)",
+                               list(QOE_BUCKETS), keys)
         self.tokens = m.Counter("tokenflow_tokens_total", "generated tokens", keys)
         self.effective = m.Counter("tokenflow_effective_tokens_total",
                                    "tokens weighted by reader buffer (rate() = effective throughput)", keys)
@@ -108,7 +123,7 @@ class ReplicaMetrics:
                                (*keys, "reason", "outcome"))
         self.handoff = m.Histogram("tokenflow_migration_handoff_seconds", "a move from its order to the hand-off",
                                    list(HANDOFF_BUCKETS), (*keys, "reason"))
-        for metric in (self.ttft, self.tbt, self.tokens, self.effective, self.moves, self.handoff,
+        for metric in (self.ttft, self.tbt, self.stall, self.qoe, self.tokens, self.effective, self.moves, self.handoff,
                        *self.gauges.values()):
             metric.set_default_tags(tags)
 
@@ -124,6 +139,10 @@ class ReplicaMetrics:
                 self.ttft.observe(r.ttft_s)
             for gap in r.tbt_s:
                 self.tbt.observe(gap)
+            if r.token_times:
+                self.stall.observe(stream_stall_s(r))
+                if (q := stream_qoe(r)) is not None:
+                    self.qoe.observe(q)
             if r.output_len:
                 self.tokens.inc(r.output_len)
                 self.effective.inc(effective_tokens(r))
