@@ -49,12 +49,13 @@ the simulator's figures on that run (tokenflow / fcfs):
 - [departure] Patience (`patience_s`, the scheduler's `_freed_by_finishing`): a rebalance pauses nobody for blocks
   and slots that running streams free by finishing within 2 s (each at its own recent pace). Preemptions 9,046 ->
   1,540, TTFT mean 1.72 -> 0.48 s (fcfs 0.68), QoE 0.80 -> 0.984 (fcfs 0.987), raw 0.94x -> 0.99x. 0.5 and 1 s
-  barely move it (TTFT 1.63 and 1.42 s); 5 s pauses almost no one (TTFT 0.68 s, QoE 0.982). Bursts of long streams
-  (the paper's setups) have nothing finishing soon, so they pause as before.
+  barely move it (TTFT 1.70 and 1.35 s); 4-5 s pause almost no one (TTFT 0.64-0.73 s, QoE 0.980). Bursts of long
+  streams (the paper's setups) have nothing finishing soon, so they pause as before. Not yet enough everywhere: the
+  trace's minutes 40-50 at 4x, QoE 0.864 against fcfs's 0.903.
 - [departure] Pacing holds no stream while another waits for the device (`pace_while_waiting`): a held stream keeps
   its blocks and computes nothing, so where memory binds it lengthens every stream's stay in the pool. With both
-  rules but pacing while others wait: QoE 0.973, stall 0.36 s a stream (against 0.24 s). The price is effective
-  throughput on the H200's (b) and (c), 1.58x -> 1.45x and 1.84x -> 1.24x, where raw rises 1.01x -> 1.09x and QoE
+  rules but pacing while others wait: QoE 0.981, stall 0.33 s a stream (against 0.24 s). The price is effective
+  throughput on the H200's (b) and (c), 1.58x -> 1.44x and 1.84x -> 1.25x, where raw rises 1.01x -> 1.09x and QoE
   stays 0.999 and 1.000: the tokens the old rule held back were worth nothing to effective throughput, not to readers.
 
 [departure] Overload: the paper falls back at Σ rates > Γ. We fall back only at 2Γ by default: in a modest overload a
