@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded wor
 
 def main(argv: list[str]) -> int:
     from tokenflow_ray.lab.cluster_bench import DEFAULT_CONFIG, BurstJobConfig, run_burst_job
-    from tokenflow_ray.lab.sim_cli import add_trace_arguments, trace_from_args
+    from tokenflow_ray.lab.sim_cli import EMBEDDED_MAX_CONTEXT, add_trace_arguments, trace_from_args
 
     p = argparse.ArgumentParser(prog="serve_bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--app", default="tokenflow")
@@ -36,8 +36,7 @@ def main(argv: list[str]) -> int:
     add_trace_arguments(p)
     a = p.parse_args(argv)
     try:
-        # The embedded model's context (2,048) bounds a trace's requests unless --max-context says less.
-        trace = trace_from_args(a, max_context=2048) if a.trace else None
+        trace = trace_from_args(a, max_context=EMBEDDED_MAX_CONTEXT)
         timeout_s = a.timeout_s + (4 * trace.requests[-1].arrival_s if trace is not None else 0.0)
         cfg = BurstJobConfig(app=a.app, config=a.config, streams=a.streams, max_tokens=a.max_tokens, rate=a.rate,
                              burst_s=a.burst_s, timeout_s=timeout_s, trace=trace)

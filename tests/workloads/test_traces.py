@@ -16,7 +16,6 @@ from tokenflow_ray.workloads.traces import (
     parse_rates,
     parse_window,
     read_trace,
-    with_speed,
 )
 
 DATA = Path(__file__).with_name("data")
@@ -51,7 +50,6 @@ def test_window_speed_and_rates():
     assert minute.requests[0].arrival_s == 0.0
     fast = load_trace(AZURE, TraceOptions(speed=4.0))
     assert [r.arrival_s for r in fast.requests] == pytest.approx([r.arrival_s / 4 for r in whole.requests])
-    assert [r.arrival_s for r in with_speed(whole, 4.0).requests] == pytest.approx([r.arrival_s for r in fast.requests])
     # The paper's mix in exact proportions, seeded: another seed shuffles, the counts stay.
     counts = Counter(r.rate for r in whole.requests)
     assert counts == {15.0: 120, 20.0: 180}

@@ -129,20 +129,17 @@ def _policies(args: argparse.Namespace) -> int:
                             repeats=args.repeats,
                             policies=tuple(p for p in args.policies.split(",") if p),
                             tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu, pace=args.pace))
-    trace = None
-    if args.trace:
+    from tokenflow_ray.lab.sim_cli import EMBEDDED_MAX_CONTEXT, trace_from_args
+
+    trace = trace_from_args(args, max_context=EMBEDDED_MAX_CONTEXT)
+    if trace is not None:
         from dataclasses import replace
 
         from tokenflow_ray.lab.policy_bench import TRACE_POOL_BLOCKS
-        from tokenflow_ray.lab.sim_cli import trace_from_args
 
         if args.sweep or args.workload != "burst" or args.requests != 48:
             raise ValueError("--trace: replaces --workload and --requests; not with --sweep")
-        # The embedded model's context (2,048) bounds a trace's requests unless --max-context says less.
-        trace = trace_from_args(args, max_context=2048)
         cfg = replace(cfg, pool_blocks=TRACE_POOL_BLOCKS)
-    elif any(getattr(args, k) is not None for k in ("trace_format", "window", "speed", "rates", "max_context")):
-        raise ValueError("--trace-format, --window, --speed, --rates, --max-context: only with --trace")
     if args.sweep:
         return _policy_sweep(args, cfg)
     if args.loads is not None or args.presets is not None:

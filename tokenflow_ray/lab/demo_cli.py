@@ -10,14 +10,9 @@ from tokenflow_ray.cli_args import write_json
 def _demo(args: argparse.Namespace) -> int:
     from tokenflow_ray.lab.demo import demo_config, print_table, run_demo
     from tokenflow_ray.lab.demo_plots import write_plots
+    from tokenflow_ray.lab.sim_cli import EMBEDDED_MAX_CONTEXT, trace_from_args
 
-    trace = None
-    if args.trace:
-        from tokenflow_ray.lab.sim_cli import trace_from_args
-
-        trace = trace_from_args(args, max_context=2048)  # the embedded model's context
-    elif any(getattr(args, k) is not None for k in ("trace_format", "window", "speed", "rates", "max_context")):
-        raise ValueError("--trace-format, --window, --speed, --rates, --max-context: only with --trace")
+    trace = trace_from_args(args, max_context=EMBEDDED_MAX_CONTEXT)
     cfg = demo_config(args.policies, args.streams, args.max_tokens, args.rate, quick=args.quick, trace=trace)
     report, runs = run_demo(cfg)  # Ray and Serve are shut down when it returns: nothing of theirs prints after
     paths = write_plots(runs, args.plots) if args.plots else []

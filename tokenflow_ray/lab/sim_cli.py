@@ -64,9 +64,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.tokenflow and (args.action not in ("run", "cpu-sweep") or args.table or args.table_from or args.sweep
                            or args.ablation):
         raise ValueError("--tokenflow: only with a single setup run or cpu-sweep")
-    if args.trace is None and any(getattr(args, k) is not None for k in _TRACE_ONLY):
-        raise ValueError("--" + next(k for k in _TRACE_ONLY if getattr(args, k) is not None).replace("_", "-")
-                         + ": only with --trace")
+    trace = trace_from_args(args)  # None without --trace (its options refused then)
     if args.action == "validate":
         return _validate(args)
     if args.action == "cpu-sweep":
@@ -87,7 +85,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.trace:
         if args.table or args.table_from or args.sweep or args.ablation or args.setup_given or migration:
             raise ValueError("--trace: replaces --setup; not with --table, --sweep, --ablation or --migration")
-        out = experiments.run_trace(args.gpu, args.model, trace_from_args(args), policies, replicas=args.replicas,
+        out = experiments.run_trace(args.gpu, args.model, trace, policies, replicas=args.replicas,
                                     router=args.router, seed=args.seed, tokenflow=tokenflow_config(args.tokenflow),
                                     checks=not args.no_checks, progress=progress)
         _print_trace_run(out)
@@ -152,11 +150,18 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 _TRACE_ONLY = ("trace_format", "window", "speed", "rates", "max_context")
+EMBEDDED_MAX_CONTEXT = 2048  # the embedded model's context (models/embedded.py): bounds a trace replayed on it
 
 
 def trace_from_args(args: argparse.Namespace, max_context: int | None = None):
-    """The Trace that --trace and its options name (workloads/traces.py); --length-scale scales its lengths."""
+    """The Trace that --trace and its options name (workloads/traces.py; --length-scale scales its lengths), or
+    None without --trace, where any of its options is refused."""
     from tokenflow_ray.workloads.traces import TraceOptions, load_trace, parse_rates, parse_window
+
+    if args.trace is None:
+        if given := [k for k in _TRACE_ONLY if getattr(args, k) is not None]:
+            raise ValueError("--" + given[0].replace("_", "-") + ": only with --trace")
+        return None
 
     options = TraceOptions(window=parse_window(args.window) if args.window else None, speed=args.speed or 1.0,
                            rates=parse_rates(args.rates) if args.rates else TraceOptions().rates,

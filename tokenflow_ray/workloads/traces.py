@@ -19,7 +19,7 @@ import csv
 import json
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -283,10 +283,3 @@ def load_trace(path: str | Path, options: TraceOptions = TraceOptions()) -> Trac
 def trace_requests(path: str | Path, options: TraceOptions = TraceOptions()) -> list[RequestSpec]:
     return load_trace(path, options).requests
 
-
-def with_speed(trace: Trace, speed: float) -> Trace:
-    """The same requests at another speed (arrivals rescaled; rates and lengths as they were)."""
-    _check_positive(speed, "speed")
-    factor = trace.options.speed / speed
-    return replace(trace, options=replace(trace.options, speed=speed),
-                   requests=[replace(r, arrival_s=r.arrival_s * factor) for r in trace.requests])

@@ -152,7 +152,8 @@ class TokenFlowPolicy(SchedulingPolicy):
         self.reserve_on_resume = c.growth_reserve and self.overloaded
         if c.growth_reserve:
             self._horizon = min(view.block_size, max(1, math.ceil(c.delta_t / max(view.cost.step_s, 1e-4))))
-        self.waiting = any(s.status in (StreamStatus.WAITING, StreamStatus.PREEMPTED) for s in streams)
+        if c.pace and not c.pace_while_waiting:  # only hold() reads it: no pass over the streams otherwise
+            self.waiting = any(s.status in (StreamStatus.WAITING, StreamStatus.PREEMPTED) for s in streams)
         if c.pace:
             self.pacer.track(streams, view.now, self.capacity(view), view.cost.step_s, active=not self.overloaded)
         if self.overloaded:
