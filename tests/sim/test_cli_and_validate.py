@@ -52,3 +52,41 @@ def test_validation_runs_the_real_engine_and_the_calibrated_sim_on_the_same_work
         assert 0.5 < ratio < 2.0, (policy, real["raw_tput"], sim["raw_tput"])
     assert out["capacity_tok_s"] > 0 and out["calibration"]["fcfs"]["prefill_s"] > 0
     assert isinstance(low["same_ranking"], bool)
+
+
+SLICE = "tests/workloads/data/azure_conv_slice.csv"
+
+
+def test_validate_trace_replays_the_trace_on_the_engine_and_the_sim_calibrated_on_the_next_window(tmp_path):
+    pytest.importorskip("torch")
+    path = tmp_path / "v.json"
+    # Six seconds of the slice (~30 streams of ~60-token prompts) at 4x: a few seconds a real run.
+    assert main(["simulate", "validate", "--trace", SLICE, "--window", "0:0.1", "--length-scale", "0.05",
+                 "--speed", "4", "--repeats", "1", "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    assert out["trace"]["window"] == [0.0, 0.1] and out["calibration_trace"]["window"] == [0.1, 0.1]
+    assert out["policies"] == ["fcfs", "tokenflow"] and out["trace"]["speed"] == 4.0
+    for policy in out["policies"]:
+        real, sim = out["real"][policy], out["sim"][policy]
+        assert real["num_finished"] == sim["num_finished"] == out["trace"]["num_requests"]
+        assert real["total_tokens"] == sim["total_tokens"]  # the same requests, token for token
+        assert set(out["errors"][policy]) == {f"{m}_err" for m in ("ttft_p50", "ttft_p99", "raw_tput",
+                                                                   "effective_tput", "ttft_mean", "qoe")}
+        # One run of a few seconds on a shared CPU: a loose bar (the note reports the 2-minute windows).
+        assert 0.5 < sim["raw_tput"] / real["raw_tput"] < 2.0, (policy, real["raw_tput"], sim["raw_tput"])
+    law = out["calibration"]["fcfs"]
+    assert law["prefill_s"] > 0 and law["pair_s"] >= 0 and law["context_s"] >= 0
+    assert out["max_err"] == max(out[f"{m}_err"] for m in ("ttft_p50", "ttft_p99", "raw_tput", "effective_tput",
+                                                           "ttft_mean", "qoe"))
+    assert set(out["guards"]) == {"real", "sim"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trace", SLICE], "needs --window"),
+    (["--trace", SLICE, "--window", "0:0.5", "--policy", "tokenflow"], "include it in --policy"),
+    (["--length-scale", "0.5"], "--length-scale: only with"),
+])
+def test_validate_trace_bad_input_is_one_line(argv, message, capsys):
+    assert main(["simulate", "validate", *argv, "--repeats", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tokenflow: error:") and message in err and "\n" not in err

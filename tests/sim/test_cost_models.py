@@ -7,7 +7,7 @@ import pytest
 from tokenflow_ray.engine.plan import BlockCopy, ScheduledChunk, StepPlan
 from tokenflow_ray.engine.runner_api import ModelInfo
 from tokenflow_ray.engine.step_time_model import StepTimeFit
-from tokenflow_ray.sim.cost import CalibratedStepCost, HostLink, RooflineStepCost, StepShape
+from tokenflow_ray.sim.cost import CalibratedStepCost, HostLink, RooflineStepCost, StepShape, _nonnegative_2d
 from tokenflow_ray.sim.hardware import DEPLOYMENTS, MODELS, deployment
 from tokenflow_ray.sim.sim_runner import SimRunner
 
@@ -71,6 +71,31 @@ def test_calibrated_fit_recovers_a_known_law():
         assert fitted.step_s(shape) == pytest.approx(t, rel=0.05)
     with pytest.raises(ValueError, match="no measured steps"):
         CalibratedStepCost.from_samples([])
+
+
+def test_calibrated_fit_recovers_the_prefill_attention_term():
+    # Chunks of 16-256 tokens after prefixes of 0-512: pairs are not a multiple of tokens, so the two separate.
+    truth = CalibratedStepCost(StepTimeFit(0.002, 0.0002, 0.0001), context_s=5e-7, pair_s=2e-7)
+    samples = []
+    for d in range(0, 40, 4):
+        for ctx in (100, 400):  # context per decode varies too, or it is the decode term under another name
+            for n, prefix in ((0, 0), (16, 0), (64, 0), (256, 0), (128, 256), (64, 512)):
+                if d or n:
+                    shape = StepShape(d, n, d * ctx, n * n / 2 + n * prefix, d + (n > 0))
+                    samples.append((shape, truth.step_s(shape)))
+    fitted = CalibratedStepCost.from_samples(samples)
+    assert fitted.pair_s == pytest.approx(2e-7, rel=0.05) and fitted.context_s == pytest.approx(5e-7, rel=0.05)
+    assert fitted.fit.prefill_s == pytest.approx(0.0001, rel=0.05)
+    # for_policy keeps the model's terms, pairs included.
+    assert fitted.for_policy(samples).pair_s == fitted.pair_s
+
+
+def test_attention_terms_are_never_negative():
+    # Steps that cost less the more context they read: the least-squares slope is negative; the fit pins it at 0.
+    samples = [(StepShape(8, 0, ctx, 0.0, 8), 0.01 - 1e-6 * ctx) for ctx in range(100, 2000, 100)]
+    assert CalibratedStepCost.from_samples(samples).context_s == 0.0
+    assert _nonnegative_2d([(1.0, 2.0), (2.0, 1.0)], [-1.0, -1.0]) == (0.0, 0.0)
+    assert _nonnegative_2d([(1.0, 0.0), (0.0, 1.0)], [3.0, -1.0]) == (3.0, 0.0)
 
 
 def _runner(overlap: bool = True) -> SimRunner:

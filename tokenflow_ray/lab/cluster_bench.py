@@ -44,8 +44,8 @@ def _serve_details() -> dict[str, Any]:
     return _get_global_client().get_serve_details()
 
 
-def find_or_deploy(cfg: BurstJobConfig) -> tuple[str, dict[str, Any], bool]:
-    """(base URL of this node's proxy, the app's args, whether this call deployed it)."""
+def find_or_deploy(cfg: BurstJobConfig) -> tuple[str, ServeConfig, bool]:
+    """(base URL of this node's proxy, the app's config, whether this call deployed it)."""
     from ray import serve
 
     from tokenflow_ray.serve.app import deploy
@@ -56,6 +56,7 @@ def find_or_deploy(cfg: BurstJobConfig) -> tuple[str, dict[str, Any], bool]:
     except Exception:  # Serve not started on this cluster
         details = {"applications": {}}
     app = details.get("applications", {}).get(cfg.app)
+    config = None
     if app is None:
         config = ServeConfig.from_yaml(cfg.config, app_name=cfg.app)
         serve.start(http_options={"host": config.host, "port": config.port})  # a no-op where Serve runs
@@ -70,12 +71,14 @@ def find_or_deploy(cfg: BurstJobConfig) -> tuple[str, dict[str, Any], bool]:
         if app.get("status") == "DEPLOY_FAILED" or time.monotonic() > deadline:
             raise RuntimeError(f"app {cfg.app!r} is {app.get('status')}: {app.get('message', '')}")
         time.sleep(0.5)
-    args = dict((app.get("deployed_app_config") or {}).get("args") or {})
+    if config is None:  # deployed by someone else: its config as Serve holds it (`serve deploy` keeps the args)
+        args = dict((app.get("deployed_app_config") or {}).get("args") or {})
+        config = ServeConfig.from_dict({**args, "app_name": cfg.app}) if args else ServeConfig(app_name=cfg.app)
     http = details.get("http_options") or {}
     host = http.get("host", "127.0.0.1")
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # the proxy on this node (proxy_location)
     prefix = (app.get("route_prefix") or "/").rstrip("/")
-    return f"http://{host}:{http.get('port', 8000)}{prefix}", args, deployed
+    return f"http://{host}:{http.get('port', 8000)}{prefix}", config, deployed
 
 
 def run_burst_job(cfg: BurstJobConfig) -> dict[str, Any]:
@@ -83,8 +86,9 @@ def run_burst_job(cfg: BurstJobConfig) -> dict[str, Any]:
     from tokenflow_ray.lab.demo import DemoConfig, load_row
 
     start = time.monotonic()
-    base_url, args, deployed = find_or_deploy(cfg)
-    served = ServeConfig.from_dict({**args, "app_name": cfg.app}) if args else ServeConfig(app_name=cfg.app)
+    # The config this call deployed, not Serve's record of it: an app deployed from Python keeps no args there,
+    # and the report once named the default policy for an fcfs app.
+    base_url, served, deployed = find_or_deploy(cfg)
     policy = served.engine.scheduler.policy
     demo = DemoConfig(policies=(policy,), streams=cfg.streams, max_tokens=cfg.max_tokens, rate=cfg.rate,
                       burst_s=cfg.burst_s, timeout_s=cfg.timeout_s, trace=cfg.trace)

@@ -5,6 +5,8 @@
     tokenflow simulate --sweep rate|mu|delta_t  the rate sweep 20/25/30 tok/s, μ in {1, 20}, Δt in {0.5, 1, 1.5}
     tokenflow simulate --ablation               Table 2 (4090, setup b)
     tokenflow simulate validate --json P        the real CPU engine against the calibrated simulator
+    tokenflow simulate validate --trace T.csv --window 0:2 --length-scale 0.25 --speed 4 --json P
+                                                a trace on the CPU engine against the sim calibrated on the next window
     tokenflow simulate validate --real R1.json R2.json [--grid G.json] --json P
                                                 real GPU runs replayed on the profile fitted on them
     tokenflow simulate --gpu h200-measured --setup a --length-scale 0.125    this engine as measured on an H200
@@ -53,20 +55,23 @@ def _simulate(args: argparse.Namespace) -> int:
     from tokenflow_ray.engine.policies import POLICY_NAMES
     from tokenflow_ray.sim import experiments
 
+    args.policy = args.policy or ("fcfs,tokenflow" if args.action == "validate" and args.trace
+                                  else "fcfs,andes,tokenflow")
     migration = _migration_settings(args)  # refused up front where it does not apply
     if args.replica_gpus and args.action != "routing":
         raise ValueError("--replica-gpus: only with `tokenflow simulate routing`")
     if (args.real or args.grid) and args.action != "validate":
         raise ValueError("--real, --grid: only with `tokenflow simulate validate`")
-    if args.length_scale != 1.0 and (args.action != "run" or args.table or args.table_from or args.sweep
-                                     or args.ablation):
-        raise ValueError("--length-scale: only with a single setup run")
+    single_run = args.action == "run" and not (args.table or args.table_from or args.sweep or args.ablation)
+    if args.length_scale != 1.0 and not single_run and not (args.action == "validate" and args.trace):
+        raise ValueError("--length-scale: only with a single setup run or validate --trace")
     if args.tokenflow and (args.action not in ("run", "cpu-sweep") or args.table or args.table_from or args.sweep
                            or args.ablation):
         raise ValueError("--tokenflow: only with a single setup run or cpu-sweep")
-    trace = trace_from_args(args)  # None without --trace (its options refused then)
+    # None without --trace (its options refused then); validate replays it on the embedded model
+    trace = trace_from_args(args, max_context=EMBEDDED_MAX_CONTEXT if args.action == "validate" else None)
     if args.action == "validate":
-        return _validate(args)
+        return _validate(args, trace)
     if args.action == "cpu-sweep":
         return _cpu_sweep(args)
     if args.action == "scale":
@@ -241,9 +246,17 @@ def _migration_settings(args: argparse.Namespace):
     return MigrationSettings(interval_s=args.migration_interval, move_waiting=args.migration_waiting)
 
 
-def _validate(args: argparse.Namespace) -> int:
+def _validate(args: argparse.Namespace, trace) -> int:
     from tokenflow_ray.cli_args import write_json
 
+    if trace is not None:
+        from tokenflow_ray.lab.sim_validate_trace import print_trace_validation, validate_trace
+
+        policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+        out = validate_trace(trace, policies, repeats=args.repeats)
+        print_trace_validation(out)
+        write_json(args.json, out)
+        return 0
     if args.real:
         import json
         from pathlib import Path
@@ -347,7 +360,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-gpus", default=None,
                    help=f"routing: one device per replica, comma-separated ({', '.join(PROFILE_NAMES)}), e.g. "
                         "h200,h200,a6000,a6000; default --replicas (at least 2) of --gpu")
-    p.add_argument("--policy", default="fcfs,andes,tokenflow", help="comma-separated policies")
+    p.add_argument("--policy", default=None,
+                   help="comma-separated policies (default fcfs,andes,tokenflow; validate --trace: fcfs,tokenflow)")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--router", default="slack", choices=ROUTERS, help="with --replicas > 1")
     p.add_argument("--requests", type=int, default=None, help="override the setup's request count")
@@ -360,6 +374,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", choices=("rate", "mu", "delta_t"), default=None)
     p.add_argument("--ablation", action="store_true", help="Table 2 variants (default 4090, setup b)")
     p.add_argument("--streams", type=int, default=None, help="validate: streams per regime (40); scale: streams")
+    p.add_argument("--repeats", type=int, default=3, help="validate --trace: real runs per policy (medians)")
     p.add_argument("--migration", action="store_true",
                    help="with --replicas > 1: each policy also with the central actor's live migration")
     p.add_argument("--migration-interval", type=float, default=1.0, help="the migration tick, virtual s")

@@ -38,7 +38,8 @@ def load_calibration(path: str | Path) -> tuple[dict[str, CalibratedStepCost], f
     """The per-policy laws and the copy bandwidth `simulate validate` measured (its JSON's `calibration`)."""
     data = json.loads(Path(path).read_text())
     try:
-        laws = {p: CalibratedStepCost(StepTimeFit(c["fixed_s"], c["decode_s"], c["prefill_s"]), c["context_s"])
+        laws = {p: CalibratedStepCost(StepTimeFit(c["fixed_s"], c["decode_s"], c["prefill_s"]), c["context_s"],
+                                      c.get("pair_s", 0.0))  # JSONs before the pair term: none
                 for p, c in data["calibration"].items()}
         return laws, float(data["copy_bytes_s"])
     except (KeyError, TypeError) as e:

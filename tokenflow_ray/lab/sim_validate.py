@@ -227,7 +227,7 @@ def run_validation(cfg: ValidateConfig, progress: Callable[[str], None] = print)
                          "same_ranking_ttft_p99": rank["ttft_p99"][0] == rank["ttft_p99"][1]}
     return {"config": asdict(replace(cfg)), "capacity_tok_s": capacity, "copy_bytes_s": copy_bw,
             "calibration": {p: {"fixed_s": c.fit.fixed_s, "decode_s": c.fit.decode_s, "prefill_s": c.fit.prefill_s,
-                                "context_s": c.context_s} for p, c in calib.items()},
+                                "context_s": c.context_s, "pair_s": c.pair_s} for p, c in calib.items()},
             "regimes": regimes, "wall_s": time.perf_counter() - wall}
 
 
@@ -244,7 +244,7 @@ def _median_cost(fits: list[CalibratedStepCost]) -> CalibratedStepCost:
     f = fits[0]
     return CalibratedStepCost(StepTimeFit(statistics.median(c.fit.fixed_s for c in fits),
                                           statistics.median(c.fit.decode_s for c in fits), f.fit.prefill_s),
-                              f.context_s)
+                              f.context_s, f.pair_s)
 
 
 def _ties(spread: dict, metric: str) -> list[list[str]]:

@@ -10,8 +10,8 @@
    shows up as a trend across points, never as a difference between policies at one point.
 
 The JSON: `sweep: [{load, workload, rate, rates, arrival_rate, sum_rates, gamma_tok_s, policies: {name: medians},
-runs, tokenflow_vs_fcfs: {effective_tput, ttft_p99, raw_tput}, ...}]`, plus `capacity` (Γ and how it was
-measured) and `config`.
+runs, tokenflow_vs_fcfs: {effective_tput, ttft_p99, raw_tput, qoe, ...}, guards: {tokenflow_vs_fcfs}, ...}]`, plus
+`capacity` (Γ and how it was measured) and `config`.
 """
 
 from __future__ import annotations
@@ -88,12 +88,12 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = print,
                  f"reader {point_cfg.rate:.1f} tok/s{arrivals})")
         result, _ = run_policy_bench(point_cfg, progress=progress)
         entry.update(policies=result["policies"], runs=result["runs"], workload_spec=result["workload"])
-        for key in ("tokenflow_vs_fcfs", "tokenflow_vs_andes"):
+        for key in ("tokenflow_vs_fcfs", "guards", "tokenflow_vs_andes"):
             if key in result:
                 entry[key] = result[key]
         if ratios := entry.get("tokenflow_vs_fcfs"):
             progress(f"   tokenflow / fcfs: effective {_fmt(ratios['effective_tput'])}, "
-                     f"P99 TTFT {_fmt(ratios['ttft_p99'])}, raw {_fmt(ratios['raw_tput'])}")
+                     f"P99 TTFT {_fmt(ratios['ttft_p99'])}, raw {_fmt(ratios['raw_tput'])}, QoE {_fmt(ratios['qoe'])}")
         sweep.append(entry)
     return {"sweep": sweep, "capacity": capacity.to_dict(), "config": asdict(cfg),
             "wall_s": time.monotonic() - start}

@@ -5,8 +5,10 @@ Two step models behind one interface (`StepCost.step_s(shape)`):
       t = t_fix + max(W/(η_bw·B), FLOPs_lin·N_tok/(η_c·F)) + Σctx·kv_bytes/(η_kv·B) + t_prefill_attn + t_tp
   per GPU (TP ranks split weights, FLOPs and KV; each all-reduce is priced at its bandwidth and latency).
 - `CalibratedStepCost`: fitted from measured steps of the real CPU engine. The step-time law is the engine's own
-  (engine/step_time_model.py: t ≈ a + b_d·decodes + b_p·prefill tokens, fitted by its model), plus a term in the
-  decode context tokens fitted on what that law leaves (attention reads grow with the context).
+  (engine/step_time_model.py: t ≈ a + b_d·decodes + b_p·prefill tokens, fitted by its model), plus two terms
+  fitted on what that law leaves: the decode context tokens (attention reads grow with the context) and the
+  prefill (query, key) pairs (prefill attention grows with the square of the chunk: ~13% of a 230-token prefill
+  step on the CPU engine, which a law fitted on 64-token prompts cannot see).
 
 Copies (`HostLink`): each KV block is one DMA call, `t0 + bytes/B` (gpu-notes.md §4: per-call overhead dominates
 small copies). Evictions (device->host) and loads (host->device) overlap when the engine overlaps them and the link
@@ -93,41 +95,38 @@ class RooflineStepCost:
 class CalibratedStepCost:
     fit: StepTimeFit  # the engine's step-time law, fitted on the real engine's steps
     context_s: float = 0.0  # per decode context token
+    pair_s: float = 0.0  # per prefill (query, key) pair
 
     def step_s(self, shape: StepShape) -> float:
         if shape.tokens == 0:
             return 0.0
-        return self.fit.predict(shape.decodes, shape.prefill_tokens) + self.context_s * shape.decode_context
+        return (self.fit.predict(shape.decodes, shape.prefill_tokens) + self.context_s * shape.decode_context
+                + self.pair_s * shape.prefill_pairs)
 
     @classmethod
-    def from_samples(cls, samples: Sequence[tuple[StepShape, float]], rounds: int = 40) -> CalibratedStepCost:
+    def from_samples(cls, samples: Sequence[tuple[StepShape, float]], rounds: int = 60) -> CalibratedStepCost:
         """Least squares on (shape, measured step seconds) pairs, by alternating two exact steps until they agree:
         the engine's own StepTimeModel (no decay: every step weighs the same) fits a, b_d, b_p to the time less
-        the context term; then the context coefficient (>= 0) is refitted to what that law leaves. Each step
-        lowers the squared error, so it converges to the joint fit (the decode count and the context are
-        correlated, which a single residual pass would get wrong)."""
+        the attention terms; then the context and pair coefficients (>= 0) are refitted to what that law leaves.
+        Each step lowers the squared error, so it converges to the joint fit (the decode count and the context
+        are correlated, and so are the prefill tokens and pairs, which a single residual pass would get wrong)."""
         if not samples:
             raise ValueError("calibration: no measured steps")
         first = samples[0][1]
-        xs = [s.decode_context for s, _ in samples]
-        sxx = sum(x * x for x in xs)
-        context = 0.0
+        xs = [(float(s.decode_context), s.prefill_pairs) for s, _ in samples]
+        terms = (0.0, 0.0)
         fit = StepTimeFit(first, 0.0, first / 64)
         for _ in range(rounds):
             model = StepTimeModel(step_s=first, prefill_s_per_token=first / 64, decay=1.0)
-            for (shape, t), x in zip(samples, xs):
-                model.observe(shape.decodes, shape.prefill_tokens, t - context * x)
+            for (shape, t), (x, p) in zip(samples, xs):
+                model.observe(shape.decodes, shape.prefill_tokens, t - terms[0] * x - terms[1] * p)
             fit = model.fit
-            if sxx == 0:
+            new = _nonnegative_2d(xs, [t - fit.predict(s.decodes, s.prefill_tokens) for s, t in samples])
+            done = all(abs(n - o) <= 1e-12 + 1e-6 * o for n, o in zip(new, terms))
+            terms = new
+            if done:
                 break
-            resid = sum(x * (t - fit.predict(s.decodes, s.prefill_tokens)) for (s, t), x in zip(samples, xs))
-            new = max(0.0, resid / sxx)
-            if abs(new - context) <= 1e-12 + 1e-6 * context:
-                context = new
-                break
-            context = new
-        return cls(fit, context)
-
+        return cls(fit, *terms)
 
     def for_policy(self, samples: Sequence[tuple[StepShape, float]]) -> CalibratedStepCost:
         """This law refitted on another policy's steps in what the policy changes: the model's costs per prefill
@@ -140,11 +139,35 @@ class CalibratedStepCost:
         first = samples[0][1]
         model = StepTimeModel(step_s=first, prefill_s_per_token=self.fit.prefill_s, decay=1.0)
         for shape, t in samples:
-            rest = t - self.fit.prefill_s * shape.prefill_tokens - self.context_s * shape.decode_context
+            rest = (t - self.fit.prefill_s * shape.prefill_tokens - self.context_s * shape.decode_context
+                    - self.pair_s * shape.prefill_pairs)
             if shape.decodes:
                 model.observe(shape.decodes, 0, rest)
         fit = model.fit
-        return CalibratedStepCost(StepTimeFit(fit.fixed_s, fit.decode_s, self.fit.prefill_s), self.context_s)
+        return CalibratedStepCost(StepTimeFit(fit.fixed_s, fit.decode_s, self.fit.prefill_s), self.context_s,
+                                  self.pair_s)
+
+
+def _nonnegative_2d(xs: Sequence[tuple[float, float]], ys: Sequence[float]) -> tuple[float, float]:
+    """min Σ (y − c·x − q·p)² over c, q >= 0 (no intercept): the unconstrained solution when it is feasible,
+    else the better of the two one-term fits."""
+    sxx = sum(x * x for x, _ in xs)
+    spp = sum(p * p for _, p in xs)
+    sxp = sum(x * p for x, p in xs)
+    sxy = sum(x * y for (x, _), y in zip(xs, ys))
+    spy = sum(p * y for (_, p), y in zip(xs, ys))
+    det = sxx * spp - sxp * sxp
+    if det > 1e-12 * max(sxx * spp, 1e-300):
+        c, q = (spp * sxy - sxp * spy) / det, (sxx * spy - sxp * sxy) / det
+        if c >= 0 and q >= 0:
+            return c, q
+    only_c = (max(0.0, sxy / sxx), 0.0) if sxx > 0 else (0.0, 0.0)
+    only_q = (0.0, max(0.0, spy / spp)) if spp > 0 else (0.0, 0.0)
+
+    def sse(t: tuple[float, float]) -> float:
+        return sum((y - t[0] * x - t[1] * p) ** 2 for (x, p), y in zip(xs, ys))
+
+    return min(only_c, only_q, key=sse)
 
 
 @dataclass(frozen=True)
@@ -172,3 +195,4 @@ class HostLink:
     def block_s(self, block_bytes: int, both_directions: bool) -> float:
         bw = self.bytes_s * (self.bidir_factor if both_directions else 1.0)
         return self.call_overhead_s + block_bytes / bw
+
