@@ -95,16 +95,25 @@ def pool_sizes(cfg: PolicyBenchConfig, requests: list[RequestSpec]) -> tuple[int
     return device, int(cfg.host_factor * device)
 
 
-def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
-               cache_overrides: dict | None = None) -> tuple[dict, RunTrace, list]:
+def bench_engine_config(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
+                        cache_overrides: dict | None = None) -> EngineConfig:
+    """The engine the bench runs `requests` on under `policy` (also what `simulate validate --trace` replays)."""
     device_blocks, host_blocks = pool_sizes(cfg, requests)
     cache = CacheConfig(block_size=cfg.block_size, num_device_blocks=device_blocks, num_host_blocks=host_blocks)
-    cache = replace(cache, **(cache_overrides or {}))
-    engine = build_engine(EngineConfig(
-        model=ModelConfig(model=cfg.model, dtype="float32", num_threads=cfg.num_threads), cache=cache,
+    return EngineConfig(
+        model=ModelConfig(model=cfg.model, dtype="float32", num_threads=cfg.num_threads),
+        cache=replace(cache, **(cache_overrides or {})),
         scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                   policy=policy, tokenflow=cfg.tokenflow),
-        record_history=len(requests)))
+        record_history=len(requests))
+
+
+def run_policy(cfg: PolicyBenchConfig, policy: str, requests: list[RequestSpec],
+               cache_overrides: dict | None = None) -> tuple[dict, RunTrace, list]:
+    config = bench_engine_config(cfg, policy, requests, cache_overrides)
+    cache = config.cache
+    device_blocks = cache.num_device_blocks
+    engine = build_engine(config)
     rng = random.Random(cfg.seed)
     prompts = [[rng.randrange(256) for _ in range(r.prompt_len)] for r in requests]
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, not recorded

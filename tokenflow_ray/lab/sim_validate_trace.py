@@ -2,8 +2,8 @@
 simulator calibrated on held-out traffic, before any policy figure from the simulator counts (issue 41).
 
 The engine is the one `tokenflow bench policies --trace` runs (the embedded model, device pool 512 blocks, host
-2,048, 64 sequences and 256 tokens a step, the policy bench's tokenflow config). Calibration is held out: the
-window right after the compared one, the same length, at the same speed (its own requests, the same regime),
+2,048, 64 sequences and 256 tokens a step), with PolicyBenchConfig's tokenflow knobs (trace_engine_config).
+Calibration is held out: the window right after the compared one, the same length, at the same speed (its own requests, the same regime),
 run once under each policy with every step timed whole on the wall clock; fcfs's steps fit the full law
 (`CalibratedStepCost.from_samples`: per step, decode, prefill token, decode context token and prefill attention
 pair), the other policies refit their per-step and per-decode terms on it (`for_policy`, as `validate` does).
@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
-from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenflow_ray.lab.policy_bench import TRACE_POOL_BLOCKS, PolicyBenchConfig
+from tokenflow_ray.engine.config import EngineConfig
+from tokenflow_ray.lab.policy_bench import TRACE_POOL_BLOCKS, PolicyBenchConfig, bench_engine_config
 from tokenflow_ray.lab.sim_validate import METRICS, _err, _median, _ranking, run_real, sim_setup
 from tokenflow_ray.metrics.guards import describe, guards
 from tokenflow_ray.sim.cost import CalibratedStepCost
 from tokenflow_ray.sim.experiments import summarize_outcome
 from tokenflow_ray.sim.simulator import Simulation
+from tokenflow_ray.workloads.generators import RequestSpec
 from tokenflow_ray.workloads.traces import Trace, load_trace
 
 TRACE_METRICS = {**METRICS, "ttft_mean": "ttft_mean_s", "qoe": "qoe_mean"}
@@ -38,16 +39,11 @@ SHOWN = ("ttft_mean_s", "ttft_p99_s", "qoe_mean", "stall_per_stream_mean_s", "ra
          "preemptions")
 
 
-def trace_engine_config(policy: str, num_requests: int) -> EngineConfig:
-    """The engine `tokenflow bench policies --trace` builds for a trace (PolicyBenchConfig's defaults)."""
-    base = PolicyBenchConfig()
-    device, host = TRACE_POOL_BLOCKS
-    return EngineConfig(
-        model=ModelConfig(model="embedded", dtype="float32", num_threads=base.num_threads),
-        cache=CacheConfig(block_size=base.block_size, num_device_blocks=device, num_host_blocks=host),
-        scheduler=SchedulerConfig(max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_num_batched_tokens,
-                                  policy=policy, tokenflow=base.tokenflow),
-        record_history=num_requests + 8)
+def trace_engine_config(policy: str, requests: list[RequestSpec]) -> EngineConfig:
+    """The bench's engine for a trace (policy_bench.bench_engine_config at TRACE_POOL_BLOCKS). Its tokenflow is
+    PolicyBenchConfig's default, pacing on; `tokenflow bench policies --trace` passes the CLI's, pacing off
+    (`--pace`). In the simulator at 2x the two give identical figures; the real runs were not repeated with it off."""
+    return bench_engine_config(replace(PolicyBenchConfig(), pool_blocks=TRACE_POOL_BLOCKS), policy, requests)
 
 
 def held_out(trace: Trace) -> Trace:
@@ -73,9 +69,9 @@ def validate_trace(trace: Trace, policies: tuple[str, ...] = ("fcfs", "tokenflow
     policies = ("fcfs", *[p for p in policies if p != "fcfs"])
     calib: dict[str, CalibratedStepCost] = {}
     bandwidth: list[float] = []
-    run_real(trace_engine_config("fcfs", 8), cal_trace.requests[:8])  # warm-up, not recorded: new step shapes
+    run_real(trace_engine_config("fcfs", cal_trace.requests[:8]), cal_trace.requests[:8])  # warm-up, not recorded: new step shapes
     for policy in policies:
-        cal = run_real(trace_engine_config(policy, len(cal_trace.requests)), cal_trace.requests)
+        cal = run_real(trace_engine_config(policy, cal_trace.requests), cal_trace.requests)
         calib[policy] = (CalibratedStepCost.from_samples(cal.samples) if policy == "fcfs"
                          else calib["fcfs"].for_policy(cal.samples))
         bandwidth += cal.copy_bytes_s
@@ -85,7 +81,7 @@ def validate_trace(trace: Trace, policies: tuple[str, ...] = ("fcfs", "tokenflow
     copy_bw = statistics.median(bandwidth) if bandwidth else 2e9
     real, sim, errors, spread = {}, {}, {}, {}
     for policy in policies:
-        config = trace_engine_config(policy, len(trace.requests))
+        config = trace_engine_config(policy, trace.requests)
         runs = [run_real(config, trace.requests).summary for _ in range(repeats)]
         real[policy] = _median(runs)
         spread[policy] = {m: [min(r[k] for r in runs), max(r[k] for r in runs)] for m, k in TRACE_METRICS.items()}
@@ -99,7 +95,7 @@ def validate_trace(trace: Trace, policies: tuple[str, ...] = ("fcfs", "tokenflow
     rank = {k: (_ranking(real, key, hb), _ranking(sim, key, hb))
             for k, key, hb in (("effective_tput", "effective_tput", True), ("ttft_mean", "ttft_mean_s", False))}
     return {"trace": trace.describe(), "calibration_trace": cal_trace.describe(), "policies": list(policies),
-            "repeats": repeats, "engine": asdict(trace_engine_config("fcfs", len(trace.requests)).cache),
+            "repeats": repeats, "engine": asdict(trace_engine_config("fcfs", trace.requests).cache),
             "copy_bytes_s": copy_bw,
             "calibration": {p: {"fixed_s": c.fit.fixed_s, "decode_s": c.fit.decode_s, "prefill_s": c.fit.prefill_s,
                                 "context_s": c.context_s, "pair_s": c.pair_s} for p, c in calib.items()},
