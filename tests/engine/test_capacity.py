@@ -93,7 +93,8 @@ def test_overload_margin_bounds_the_working_set_demand(margin):
     engine, _ = make_fake_engine(num_blocks=80, block_size=8, max_num_seqs=8, max_num_batched_tokens=256,
                                  policy="tokenflow", num_host_blocks=4096,
                                  tokenflow=TokenFlowConfig(overload_margin=margin, lam=0.0, delta_t=0.05,
-                                                           patience_s=0.0))  # pause at once: the cap, not patience
+                                                           patience_s=0.0, behind_leads=0.0))  # pause at once:
+    # the cap, not patience nor the paused streams' lateness
     for i in range(40):
         engine.add_request([i + 1] * 16, SamplingParams(max_tokens=144, ignore_eos=True), rate=40.0)
     sched = engine.scheduler

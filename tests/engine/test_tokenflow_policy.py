@@ -237,3 +237,40 @@ def test_bad_reports_change_nothing():
     engine.abort(sid)
     with pytest.raises(UnknownStreamError):
         engine.report_consumption(sid, rate=5.0)  # finished
+
+
+def _behind(behind_leads: float):
+    """A (full buffer) and B (empty) run in 3 slots; E is paused with its reader holding 1.5 leads (due at 1),
+    and two new streams arrive: the slots make one running stream a victim if the newcomers count."""
+    engine, _ = make_fake_engine(num_blocks=256, block_size=4, num_host_blocks=256, policy="tokenflow",
+                                 max_num_seqs=3, max_num_batched_tokens=16,
+                                 tokenflow=TokenFlowConfig(delta_t=0.1, mu=2.0, patience_s=0.0,
+                                                           behind_leads=behind_leads))
+    a = engine.add_request([1] * 8, SamplingParams(max_tokens=400), rate=2.0)
+    engine.add_request([2] * 8, SamplingParams(max_tokens=400), rate=40.0)
+    e = engine.add_request([4] * 8, SamplingParams(max_tokens=400), rate=10.0)
+    _steps(engine, 20)
+    sched, policy = engine.scheduler, engine.scheduler.policy
+    view = _policy_view(engine)
+    stream = sched.streams[e]
+    lead = policy.lead_s(stream, view)
+    # The reader reports it has read all but 1.5 leads' worth of what it got, then E is paused.
+    engine.report_consumption(e, consumed_tokens=stream.num_output_tokens - math.ceil(1.5 * lead * stream.rate))
+    sched._preempt(stream, view)
+    engine.check_integrity()
+    new = [engine.add_request([5 + i] * 12, SamplingParams(max_tokens=50), rate=20.0) for i in range(2)]
+    view = _policy_view(engine)
+    assert lead < stream.buffer_s(view.now) < 2 * lead  # behind at 2 leads, not yet due
+    _, paused = sched._rebalance(policy.rank(list(sched.streams.values()), view), view)
+    engine.check_integrity()
+    return engine, a, new, paused
+
+
+def test_new_streams_displace_nobody_while_a_paused_stream_is_behind():
+    """Near capacity each pause for a newcomer was one more reader to bring back (the Azure trace at 4x, minutes
+    10-20: 9,199 pauses, QoE 0.78 against fcfs's 0.94); while a paused reader is within two leads of running dry, a
+    rebalance pauses nobody for a new stream. With the rule off (0) the full buffer gives its slot as before."""
+    engine, a, new, paused = _behind(2.0)
+    assert paused == [] and _status(engine, a) == StreamStatus.RUNNING
+    engine, a, new, paused = _behind(0.0)
+    assert paused == [a] and _status(engine, a) == StreamStatus.PREEMPTED

@@ -138,6 +138,29 @@ def test_without_overlap_copies_run_before_the_step_one_direction_at_a_time():
     assert result.step_s == pytest.approx(result.compute_s + result.copy_s + 0.001)
 
 
+def test_overlapped_scheduling_costs_only_what_exceeds_the_device_step():
+    """The CUDA engine plans step N+1 while the device runs N: the scheduler's host time is hidden under a longer
+    step and costs only its excess over a shorter one (serial: always added)."""
+    info = ModelInfo("m", vocab_size=100, max_model_len=4096, eos_token_ids=frozenset({5}), kv_bytes_per_token=1000)
+    cost = CalibratedStepCost(StepTimeFit(0.01, 0.001, 0.0001))
+    plan = StepPlan(step_id=1, decodes=(_chunk("a", 1, 7, True),))
+
+    def step_s(overhead: float, overlap: bool) -> float:
+        return SimRunner(info, cost, 10, HostLink(1e6), cpu_overhead_s=overhead, token_id=3,
+                         overlap_scheduling=overlap).execute(plan).step_s
+
+    assert step_s(0.004, overlap=True) == pytest.approx(0.011)  # under the 11 ms step
+    assert step_s(0.015, overlap=True) == pytest.approx(0.015)  # longer than the step: the device waits
+    assert step_s(0.004, overlap=False) == pytest.approx(0.015)
+
+
+def test_gpu_profiles_overlap_the_scheduler_like_the_cuda_engine():
+    from tokenflow_ray.sim.setups import SCHEDULER_OVERHEAD_S, gpu_replica_setup
+
+    setup = gpu_replica_setup("h200", "llama3-8b", "tokenflow")
+    assert setup.overlap_scheduling and setup.cpu_overhead_s == SCHEDULER_OVERHEAD_S["tokenflow"]
+
+
 def test_sim_runner_rejects_an_eos_token_id():
     info = ModelInfo("m", 10, 100, frozenset({0}), 8)
     with pytest.raises(ValueError, match="non-eos"):

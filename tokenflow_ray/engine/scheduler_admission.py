@@ -45,6 +45,9 @@ class SchedulerAdmission:
         members = {s.stream_id for s in chosen}
         incoming = self._admissible_before_next_rebalance([s for s in chosen if s.status not in _ACTIVE],
                                                           len(chosen), view)
+        if self.policy.resumes_behind(self.by_status(StreamStatus.PREEMPTED), view):
+            # A paused stream is late: a pause for a new stream now would be one more reader to bring back.
+            incoming = [s for s in incoming if s.num_preemptions]
         # The incoming streams need blocks and sequence slots: the set is capped by max_num_seqs as well as memory.
         deficit = sum(self.pool.blocks_for_tokens(s.num_tokens + 1) for s in incoming) - self.pool.num_free
         slots = len(self.by_status(*_ACTIVE)) + len(incoming) - self.config.max_num_seqs

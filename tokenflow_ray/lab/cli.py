@@ -222,6 +222,7 @@ def _host(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from tokenflow_ray.engine.policies import TokenFlowConfig
     from tokenflow_ray.lab.sim_cli import add_trace_arguments
 
     p = sub.add_parser("policies", help="one workload through the real engine under fcfs, andes and tokenflow")
@@ -234,7 +235,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default="fcfs,andes,tokenflow")
     p.add_argument("--delta-t", type=float, default=0.2, help="tokenflow: seconds between working-set decisions")
     p.add_argument("--mu", type=float, default=2.0, help="tokenflow: buffer conservativeness")
-    p.add_argument("--pace", action="store_true", help="tokenflow: deadline-aware pacing (off by default)")
+    p.add_argument("--pace", action=argparse.BooleanOptionalAction, default=TokenFlowConfig().pace,
+                   help="tokenflow: deadline-aware pacing (the policy's default: on; --no-pace for off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="median over this many runs")
     p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")

@@ -40,9 +40,8 @@ SHOWN = ("ttft_mean_s", "ttft_p99_s", "qoe_mean", "stall_per_stream_mean_s", "ra
 
 
 def trace_engine_config(policy: str, requests: list[RequestSpec]) -> EngineConfig:
-    """The bench's engine for a trace (policy_bench.bench_engine_config at TRACE_POOL_BLOCKS). Its tokenflow is
-    PolicyBenchConfig's default, pacing on; `tokenflow bench policies --trace` passes the CLI's, pacing off
-    (`--pace`). In the simulator at 2x the two give identical figures; the real runs were not repeated with it off."""
+    """The bench's engine for a trace (policy_bench.bench_engine_config at TRACE_POOL_BLOCKS), with
+    PolicyBenchConfig's tokenflow: the knobs `tokenflow bench policies --trace` runs by default (pacing on)."""
     return bench_engine_config(replace(PolicyBenchConfig(), pool_blocks=TRACE_POOL_BLOCKS), policy, requests)
 
 

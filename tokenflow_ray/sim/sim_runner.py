@@ -53,7 +53,8 @@ class LoggedStep:
 class SimRunner:
     def __init__(self, info: ModelInfo, cost: StepCost, block_size: int, link: HostLink,
                  overlap_copies: bool = True, cpu_overhead_s: float = 0.0, token_id: int = 0,
-                 cold: ColdStart | None = None, clock: VirtualClock | None = None) -> None:
+                 cold: ColdStart | None = None, clock: VirtualClock | None = None,
+                 overlap_scheduling: bool = False) -> None:
         if not 0 <= token_id < info.vocab_size or token_id in info.eos_token_ids:
             raise ValueError(f"token_id: must be a non-eos id in [0, {info.vocab_size})")
         if cpu_overhead_s < 0:
@@ -64,7 +65,8 @@ class SimRunner:
         self.block_size = block_size
         self.block_bytes = info.kv_bytes_per_token * block_size
         self.overlap_copies = overlap_copies
-        self.cpu_overhead_s = cpu_overhead_s  # the scheduler's own time per step (host CPU, serial with the GPU)
+        self.cpu_overhead_s = cpu_overhead_s  # the scheduler's own time per step (host CPU)
+        self.overlap_scheduling = overlap_scheduling  # planned beside the device step: only its excess counts
         self.token_id = token_id
         self.totals = RunnerTotals()
         self.cold = ColdState(cold, block_size) if cold is not None and cold.active else None
@@ -94,7 +96,7 @@ class SimRunner:
         else:  # copies before the model step, evictions then loads
             copy_s = out_s + in_s
             step = compute + copy_s
-        step += self.cpu_overhead_s
+        step = max(step, self.cpu_overhead_s) if self.overlap_scheduling else step + self.cpu_overhead_s
         if self.step_log is not None:
             self.step_log.append(LoggedStep(shape, shape_keys(plan, self.block_size), step))
         sampled = {c.stream_id: self.token_id for c in plan.decodes if c.sample}

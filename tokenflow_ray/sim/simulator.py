@@ -59,8 +59,11 @@ class ReplicaSetup:
     info: ModelInfo
     cost: StepCost
     link: HostLink
-    cpu_overhead_s: float = 0.0  # scheduler time per step on the host, serial with the device step
+    cpu_overhead_s: float = 0.0  # scheduler time per step on the host
     cold: ColdStart | None = None  # what is not yet warm costs (measured engine profiles; cold_start.py)
+    # The host plans step N+1 while the device runs N (EngineConfig.overlap_scheduling, on with CUDA): the overhead
+    # then costs only what exceeds the device step. False: serial with it.
+    overlap_scheduling: bool = False
 
 
 @dataclass
@@ -120,7 +123,7 @@ class Simulation:
             cache = rs.engine.cache
             runner = SimRunner(rs.info, rs.cost, cache.block_size, rs.link,
                                overlap_copies=cache.overlap_copies, cpu_overhead_s=rs.cpu_overhead_s, cold=rs.cold,
-                               clock=self.clock)
+                               clock=self.clock, overlap_scheduling=rs.overlap_scheduling)
             engine = LLMEngine(rs.engine, runner, tokenizer=None, clock=self.clock)
             checker = ConservationChecker(engine, integrity=integrity) if checks else None
             self.replicas.append(SimReplica(f"r{i:03d}", engine, runner, checker))

@@ -71,6 +71,11 @@ class SchedulingPolicy(ABC):
         by finishing, before a running stream is paused for them (0: pause at once)."""
         return 0.0
 
+    def resumes_behind(self, paused: Sequence[Stream], view: SchedulerView) -> bool:
+        """Whether a paused stream is late coming back: then a rebalance pauses nobody for a new stream, only for
+        the paused ones (False: newcomers may always displace running streams)."""
+        return False
+
     def reserve_tokens(self, running: Sequence[Stream]) -> int:
         """Tokens kept free for running streams' growth when admitting a new stream (memory-aware admission)."""
         return 0

@@ -27,6 +27,9 @@ class TokenFlowConfig:
     recompute_weight: str = "batch"  # resume_by_load: t_recompute counts once ("one") or for the batch it delays
     patience_s: float = 2.0  # a rebalance pauses nobody for what running streams free by finishing within this
     pace_while_waiting: bool = False  # pacing holds streams also while others wait for the device
+    # A rebalance pauses nobody for a new stream while a paused stream's reader holds under this many of its leads
+    # (μ·(resume + Δt)): its memory is needed back first (resumes_behind). 0: newcomers may always displace.
+    behind_leads: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("delta_t", "mu", "t_critical", "overload_margin"):
@@ -50,8 +53,10 @@ class TokenFlowConfig:
             raise ValueError(f"tokenflow.switch_link_share: None or > 0, got {self.switch_link_share!r}")
         if self.recompute_weight not in ("one", "batch"):
             raise ValueError(f"tokenflow.recompute_weight: one or batch, got {self.recompute_weight!r}")
-        if not (isinstance(self.patience_s, (int, float)) and math.isfinite(self.patience_s) and self.patience_s >= 0):
-            raise ValueError(f"tokenflow.patience_s: must be a finite number >= 0, got {self.patience_s!r}")
+        for name in ("patience_s", "behind_leads"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"tokenflow.{name}: must be a finite number >= 0, got {value!r}")
         if self.ranking not in ("utility", "tiers"):
             raise ValueError(f"tokenflow.ranking: utility or tiers, got {self.ranking!r}")
         if not 0 <= self.overload_hysteresis < 1:
@@ -72,4 +77,5 @@ class TokenFlowConfig:
 # `pace` existed then, off by default (its D and hold rule were older; `pace` is off in every replay of those runs).
 AS_BEFORE: dict[str, object] = {"pace": False, "capacity_from": "all_steps", "overload_hysteresis": 0.0,
                                 "growth_reserve": False, "ranking": "utility", "switch_link_share": None,
-                                "recompute_weight": "one", "patience_s": 0.0, "pace_while_waiting": True}
+                                "recompute_weight": "one", "patience_s": 0.0, "pace_while_waiting": True,
+                                "behind_leads": 0.0}
