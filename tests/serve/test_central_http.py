@@ -26,12 +26,16 @@ APP = "tfcentral"
 
 @pytest.fixture(scope="module")
 def central_app(serve_url):
+    from tokenflow_ray.engine.policies import TokenFlowConfig
     from tokenflow_ray.serve.app import deploy, undeploy
     from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
+    # One slot a replica: its streams share it by pausing one another, so each stays live for seconds. With
+    # behind_leads on, a newcomer waits while the two it would join rotate (each in turn within two leads of
+    # running dry) and the first streams end before the kill; these tests need the rotation, not that rule.
     config = ServeConfig(app_name=APP, route_prefix=f"/{APP}", replicas=2, num_cpus=0.5, images=False,
                          engine=serve_engine(policy="tokenflow", max_num_seqs=1, num_device_blocks=512,
-                                             num_host_blocks=512))
+                                             num_host_blocks=512, tokenflow=TokenFlowConfig(behind_leads=0.0)))
     try:
         deploy(config)
         yield f"{serve_url}/{APP}", config
