@@ -91,7 +91,7 @@ class LLMEngine(EngineMigration):
         its default where the request comes in, serve/config.py `default_rate`).
         An arrival_time after now holds the stream, validated, until the clock reaches it."""
         sampling = sampling or SamplingParams()
-        token_ids = self._prompt_ids(prompt)
+        token_ids = self.prompt_token_ids(prompt)
         vocab = self.runner.info.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
@@ -114,7 +114,8 @@ class LLMEngine(EngineMigration):
             self._text[stream_id] = TextState(self._decoders.new(), StopMatcher(sampling.stop))
         return stream_id
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+    def prompt_token_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt as token ids, validated (a ValueError names what is wrong); safe off the engine thread."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt: must not be empty")

@@ -21,7 +21,7 @@ from tokenflow_ray.cluster.routing import SlackRouterConfig
 from tokenflow_ray.serve.config import ServeConfig
 from tokenflow_ray.serve.control.central import CentralSettings
 from tokenflow_ray.serve.http.ingress import IngressSettings, make_http_class, make_ingress
-from tokenflow_ray.serve.replica.admission import CONTROL_SLOTS, direct_proxy_queue, direct_stream_limit
+from tokenflow_ray.serve.replica.admission import CONTROL_SLOTS, direct_kv_budget, direct_proxy_queue
 from tokenflow_ray.serve.replica.server import LLMServer, ReplicaSettings
 
 IMAGE_DEPLOYMENT = "ImageTokenizerDeployment"
@@ -49,20 +49,22 @@ def build_app(config: ServeConfig, routers: Sequence[APIRouter] = ()) -> Applica
     http = IngressSettings(model=config.engine.model.model, default_max_tokens=config.default_max_tokens,
                            max_body_bytes=config.max_body_bytes, api_key=config.api_key, central=central,
                            default_rate=config.default_rate)
+    kv_budget = direct_kv_budget(adm, config.replicas, config.engine.cache.block_size, config.expected_stream_tokens)
     replica = ReplicaSettings(central, grouping=config.grouping(),
                               torch_threads=max(1, int(config.num_cpus)) if config.num_cpus >= 1 else 0,
                               pin_cpus=config.pin_cpus, device_blocks_by_rank=config.device_blocks_by_rank,
                               routing_stats_interval_s=config.routing_stats_period_s,
-                              stream_limit=direct_stream_limit(adm, config.replicas) if direct else 0,
+                              kv_budget_blocks=kv_budget if direct else 0,
                               retry_after_s=config.retry_after_s, migration=config.migration_enabled,
                               **({} if config.autoscaling is None
                                  else {"critical_buffer_s": config.autoscaling.critical_buffer_s}))
     if direct:
         # The replica holds its share of the queue in its engine and answers 429 itself past it (replica/admission.py);
         # Serve's slots above that are for reports and the other small routes.
-        ongoing = (replica.stream_limit or adm.max_ongoing_requests) + CONTROL_SLOTS
+        # A stream claims at least one block, so the budget bounds the streams a replica takes.
+        ongoing = (kv_budget or adm.max_ongoing_requests) + CONTROL_SLOTS
         most = config.replicas if config.autoscaling is None else config.autoscaling.max_replicas
-        queued = direct_proxy_queue(replica.stream_limit, most)
+        queued = direct_proxy_queue(kv_budget, most)
     else:
         # A replica takes every stream its working set can hold, not just a batch (replica/admission.py; Serve's default
         # of 5 would cap even the batch, ray-notes §6.1): streams beyond the batch wait in the engine, where the

@@ -67,7 +67,8 @@ class ServeConfig:
     # Admission (replica/admission.py). A replica accepts the streams its device pool + host store can keep at
     # expected_stream_tokens (prompt + output) each, at least max_num_seqs; Serve queues at most
     # max_queued_requests more per caller (None: a quarter of what the replicas hold; -1: unbounded), and answers
-    # the rest 429 with Retry-After: retry_after_s.
+    # the rest 429 with Retry-After: retry_after_s. In the direct placement those streams of the expected size make a
+    # budget of KV blocks, and each stream claims its own prompt + max_tokens against it.
     expected_stream_tokens: int = 512
     max_ongoing_requests: int | None = None  # per replica; None: derived from the working set
     max_queued_requests: int | None = None

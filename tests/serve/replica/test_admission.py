@@ -7,7 +7,14 @@ import math
 import pytest
 
 from tokenflow_ray.serve.config import ServeConfig, serve_engine
-from tokenflow_ray.serve.replica.admission import Admission, working_set_streams
+from tokenflow_ray.serve.replica.admission import (
+    Admission,
+    KVClaims,
+    direct_kv_budget,
+    direct_stream_limit,
+    stream_claim,
+    working_set_streams,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,3 +100,28 @@ def test_demo_quick_flag_and_rejected_column():
                 "max_ongoing_requests": 93, "max_queued_requests": 23}
     text = print_table({"policies": {"tokenflow": row}, "workload": workload})
     assert "116/116" in text and "429" in text and " 28 " in text
+
+
+def test_direct_placement_admits_by_the_kv_each_stream_claims():
+    adm = ServeConfig(images=False, engine=serve_engine(num_device_blocks=96, num_host_blocks=32, max_num_seqs=2),
+                      expected_stream_tokens=256, max_queued_requests=2).admission()
+    assert direct_stream_limit(adm, 1) == 10 and direct_kv_budget(adm, 1, 16, 256) == 160
+    assert direct_kv_budget(Admission(8, -1), 1, 16, 256) == 0  # an unbounded queue: no limit here
+    # Prompt + max_tokens in whole blocks, capped by the context limit and by the budget itself.
+    assert stream_claim(8, 600, 1536, 16, 160) == 38
+    assert stream_claim(8, 100_000, 1536, 16, 1000) == 96
+    assert stream_claim(8, 100_000, 1536, 16, 50) == 50
+    claims = KVClaims(160)
+    assert [claims.try_claim(38) for _ in range(5)] == [True] * 4 + [False]  # 152 held: a fifth long one waits
+    assert claims.try_claim(2) and claims.try_claim(2) and claims.try_claim(2)  # short ones still fit: 158
+    assert not claims.try_claim(3) and claims.held == 158
+    claims.release(38)
+    assert claims.try_claim(38) and claims.held == 158
+    for blocks in (38, 38, 38, 38, 2, 2, 2):
+        claims.release(blocks)
+    assert claims.held == 0
+    assert KVClaims(160).try_claim(500)  # larger than the budget: taken when nothing else is held
+    unlimited = KVClaims(0)
+    assert all(unlimited.try_claim(10_000) for _ in range(3))
+    with pytest.raises(AssertionError):
+        KVClaims(10).release(1)

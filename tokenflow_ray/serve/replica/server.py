@@ -25,6 +25,7 @@ from tokenflow_ray.cluster.change_log import ChangeLog
 from tokenflow_ray.engine.async_engine import AsyncLLMEngine
 from tokenflow_ray.engine.config import EngineConfig
 from tokenflow_ray.serve.control.central import CentralSettings, get_central
+from tokenflow_ray.serve.replica.admission import KVClaims
 from tokenflow_ray.serve.replica.central_link import CentralLink
 from tokenflow_ray.serve.replica.fleet import engine_config_for_rank
 from tokenflow_ray.serve.replica.grouping import DeltaGrouper, GroupingConfig
@@ -52,9 +53,10 @@ class ReplicaSettings:
     # blocks; ranks past it keep the engine config's own. (): every replica alike.
     device_blocks_by_rank: tuple[int, ...] = ()
     sync_interval_s: float = 0.2  # the central table gets this replica's changes in one batch this often
-    # Direct placement: streams beyond this many are refused 429 (admission.py); 0: no limit here (the ingress
-    # placement bounds them with Serve's max_ongoing/max_queued_requests instead).
-    stream_limit: int = 0
+    # Direct placement: a stream whose claim (prompt + max_tokens, in KV blocks) would take the admitted streams'
+    # claims past this many blocks is refused 429 (admission.py); 0: no limit here (the ingress placement bounds
+    # them with Serve's max_ongoing/max_queued_requests instead).
+    kv_budget_blocks: int = 0
     retry_after_s: float = 1.0
     migration: bool = False  # keep a StreamPort: streams can be moved here (and this replica's moved away)
     critical_buffer_s: float = CRITICAL_BUFFER_S  # record_autoscaling_stats: readers under this are critical
@@ -97,6 +99,7 @@ class LLMServer(TokenPath, CentralLink, StatsPublisher, ReplicaMigration, Replic
         self._last_snapshot = time.monotonic()
         self.changes = ChangeLog()  # live streams, and what the central table has yet to hear
         self._active = 0  # streams being generated (the unpaced grouping budget is shared among them)
+        self._claims = KVClaims(settings.kv_budget_blocks)  # the direct placement's admission (admission.py)
         self._holding: dict[str, DeltaGrouper] = {}  # streams with tokens held for a group (_flush_loop)
         self._routing_stats: dict = {}  # the latest ReplicaStats.to_dict(); {} until the first refresh
         self._relayed: dict[str, object] = {}  # streams that moved away -> their new replica's port

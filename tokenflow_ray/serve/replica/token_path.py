@@ -7,7 +7,7 @@ costs TTFT). A stream that moves to another replica goes on from there (migratio
 stayed.
 
 A mixin: it uses the replica's engine (`engine`, `aengine`), settings, change log, central actor handle, `_relayed`
-and `_holding`/`_active`, set in LLMServer.__init__.
+`_holding`/`_active` and `_claims`, set in LLMServer.__init__.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from tokenflow_ray.cluster.messages import Delta, GenerateRequest, Report
 from tokenflow_ray.engine.async_engine import StreamMoved
 from tokenflow_ray.serve.control.central import report_with_retry
 from tokenflow_ray.serve.http.ingress import queue_full
+from tokenflow_ray.serve.replica.admission import stream_claim
 from tokenflow_ray.serve.replica.grouping import DeltaGrouper
 
 
@@ -122,11 +124,24 @@ class TokenPath:
         return f"{prefix}{uuid.uuid4().hex}-{self.replica_id}"
 
     async def _open_stream(self, req: GenerateRequest) -> AsyncIterator[Delta]:
-        limit = self.settings.stream_limit
-        if limit and self._active >= limit:
-            raise queue_full(self.settings.retry_after_s)
-        async for delta in self.generate(req):
-            yield delta
+        """Admission by what the stream claims (admission.py): its prompt and its max_tokens, in KV blocks, against
+        the replica's budget; past it a 429 with Retry-After, before any SSE header."""
+        claims = self._claims
+        claim = 0
+        if claims.budget:
+            ids = (self._chat_prompt(req.messages) if req.messages is not None
+                   else self.engine.prompt_token_ids(req.prompt))
+            req = replace(req, prompt=tuple(ids), messages=None)  # tokenized once, here
+            cache = self.engine.config.cache
+            claim = stream_claim(len(ids), req.sampling.max_tokens, self.engine.max_total_tokens, cache.block_size,
+                                 claims.budget)
+            if not claims.try_claim(claim):
+                raise queue_full(self.settings.retry_after_s)
+        try:
+            async for delta in self.generate(req):
+                yield delta
+        finally:
+            claims.release(claim)
 
     async def _route_report(self, report: Report) -> bool:
         if report.stream_id in self.changes.live:
