@@ -22,11 +22,13 @@ def make_fake_engine(num_blocks: int = 64, block_size: int = 8, max_num_seqs: in
                      write_through: bool = True, tokenflow: TokenFlowConfig | None = None,
                      andes: AndesConfig | None = None, resume_mode: str = "auto",
                      write_budget_fraction: float = 0.8,
-                     late_copies: bool | None = None) -> tuple[LLMEngine, FakeRunner]:
+                     late_copies: bool | None = None, prefix_caching: bool = False,
+                     overlap: bool | None = None) -> tuple[LLMEngine, FakeRunner]:
     config = EngineConfig(
         cache=CacheConfig(block_size=block_size, num_device_blocks=num_blocks, num_host_blocks=num_host_blocks,
                           write_through=write_through, resume_mode=resume_mode,
-                          write_budget_fraction=write_budget_fraction),
+                          write_budget_fraction=write_budget_fraction, enable_prefix_caching=prefix_caching),
+        overlap_scheduling=overlap,
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                   chunked_prefill=chunked_prefill, policy=policy,
                                   tokenflow=tokenflow or TokenFlowConfig(), andes=andes or AndesConfig()))

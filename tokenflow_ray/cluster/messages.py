@@ -31,6 +31,7 @@ class Delta:
     # Set on the last delta from a replica the stream moved away from, for a caller that follows it (the ingress):
     # the new replica's StreamPort, where the rest of the stream is pulled (stream_port.follow).
     moved_to: Any = None
+    num_cached_tokens: int = 0  # prompt tokens prefix caching served (the usage's prompt_tokens_details)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,13 @@ class CacheConfig:
     overlap_copies: bool = True  # copies run beside the model step (False: before it, blocking)
     write_budget_fraction: float = 0.8  # write-through bytes per step: this share of (step time x copy bandwidth)
     resume_mode: str = "auto"  # how a paused stream comes back: auto (cheaper of load and recompute), load, recompute
+    # Prefix caching (vLLM's name): a full block's KV stays findable by its content after its stream lets go
+    # (block_pool.py), and a prompt starts from the longest cached prefix of full blocks. Off until the benches
+    # and the whole suite have been checked with it on (issue 42); tests/engine/test_prefix_cache.py turns it on.
+    enable_prefix_caching: bool = False
+    # The host tier of the prefix cache: blocks written through (or evicted) to the host store stay findable there
+    # with their own LRU, and a prompt whose prefix is only there loads it instead of computing it again.
+    host_prefix_caching: bool = True
     # The device pool's layout (runner/kv_pool.py). auto: block-major on CUDA (a block of every layer is one
     # contiguous region, one DMA to the host), layer-major on CPU (the compiled CPU kernels read a layer in place).
     kv_layout: str = "auto"
@@ -89,6 +96,8 @@ class CacheConfig:
         require(self.block_size > 0, "block_size: must be positive")
         require(self.num_device_blocks > 0, "num_device_blocks: must be positive")
         require(self.num_host_blocks >= 0, "num_host_blocks: must be >= 0")
+        require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching: must be a bool")
+        require(isinstance(self.host_prefix_caching, bool), "host_prefix_caching: must be a bool")
 
 
 @dataclass(frozen=True)

@@ -60,15 +60,17 @@ class KVManager:
     def release_device(self, stream: Stream) -> None:
         if self._loads_left.pop(stream.stream_id, None) is not None:  # a load in flight: drop its queued chunks
             self._load_queue = deque(c for c in self._load_queue if c.stream_id != stream.stream_id)
+            # Blocks not landed hold no content yet: never cached (block_pool.py), even if offered.
         if stream.block_ids:
-            self.device.free(stream.block_ids)
+            self.device.free(reversed(stream.block_ids))  # last block first: a cached tail goes before its prefix
             stream.block_ids = []
         stream.num_computed_tokens = 0
+        stream.num_keyed_blocks = 0
 
     def release_host(self, stream: Stream) -> None:
         if stream.host_block_ids:
             assert self.host is not None
-            self.host.free(stream.host_block_ids)
+            self.host.free(reversed(stream.host_block_ids))  # last first: a cached tail goes before its prefix
             stream.host_block_ids = []
         stream.num_host_tokens = 0
 
@@ -91,8 +93,12 @@ class KVManager:
         sid, blocks, host_blocks = stream.stream_id, stream.block_ids, stream.host_block_ids
         for i in range(first_tail, num_blocks):
             self._out.append(_copy(BlockCopy, (sid, blocks[i], host_blocks[i])))
-        self.device.free(stream.block_ids[:first_tail])  # mirrored already: free at once
+        if self.host.caching:
+            for i in range(first_tail, computed // self.block_size):  # full tail blocks: findable on the host
+                self._offer_host(stream, i)
+        self.device.free(reversed(stream.block_ids[:first_tail]))  # mirrored already: free at once
         self.pending_free.extend(stream.block_ids[first_tail:])  # read by this step's copy
+        stream.num_keyed_blocks = 0
         # Host blocks past the computed prefix (from an earlier, longer stay) stay allocated for reuse.
         freed_now, tail = first_tail, len(stream.block_ids) - first_tail
         stream.block_ids = []
@@ -109,16 +115,28 @@ class KVManager:
                 return min(stream.num_host_tokens // self.block_size, len(stream.block_ids))
         return len(stream.block_ids)
 
-    def start_load(self, stream: Stream) -> bool:
-        """Allocate device blocks and queue host -> device copies of the stream's host prefix."""
+    def start_load(self, stream: Stream, cached: list[int] | None = None) -> bool:
+        """Allocate device blocks and queue host -> device copies of the stream's host prefix. `cached`: device
+        blocks still holding the start of that prefix (prefix caching), taken instead of loaded. If they cover it
+        all there is nothing to copy (`is_loading` is False) and the stream can run at once."""
         n = self.device.blocks_for_tokens(stream.num_host_tokens)
-        if not self.device.can_allocate(n):
+        cached = cached or []
+        if cached:
+            self.device.take(cached)  # before the check: an unowned cached block counts as free until taken
+        if not self.device.can_allocate(n - len(cached)):
+            if cached:
+                self.device.free(reversed(cached))
             return False
-        stream.block_ids = self.device.allocate(n)
+        stream.block_ids = cached + self.device.allocate(n - len(cached))
+        stream.num_keyed_blocks = len(cached)
         sid, blocks, host_blocks = stream.stream_id, stream.block_ids, stream.host_block_ids
-        self._load_queue.extend(_copy(BlockCopy, (sid, blocks[i], host_blocks[i])) for i in range(n))
-        self._loads_left[stream.stream_id] = n
+        if n > len(cached):
+            self._load_queue.extend(_copy(BlockCopy, (sid, blocks[i], host_blocks[i])) for i in range(len(cached), n))
+            self._loads_left[stream.stream_id] = n - len(cached)
         return True
+
+    def is_loading(self, stream: Stream) -> bool:
+        return stream.stream_id in self._loads_left
 
     def plan_loads(self, budget_blocks: int) -> int:
         """Move up to budget_blocks queued loads into this step's copies (oldest first); returns how many."""
@@ -167,6 +185,7 @@ class KVManager:
         if self.host is None:
             return 0
         planned = 0
+        caching = self.host.caching
         for stream in streams:
             start = stream.num_host_tokens // self.block_size
             end = stream.num_computed_tokens // self.block_size
@@ -174,14 +193,39 @@ class KVManager:
                 if planned >= budget_blocks:
                     return planned
                 if i >= len(stream.host_block_ids):
+                    if caching and self._share_host(stream, i):
+                        continue  # the host holds this block already (another stream's): no copy
                     if not self.host.can_allocate(1):
                         return planned  # host full: stop mirroring; preemption falls back to recompute
                     stream.host_block_ids.extend(self.host.allocate(1))
                 copy = (stream.stream_id, stream.block_ids[i], stream.host_block_ids[i])
                 self._write.append(_copy(BlockCopy, copy))
                 stream.num_host_tokens = (i + 1) * self.block_size
+                if caching:
+                    self._offer_host(stream, i)
                 planned += 1
         return planned
+
+    # ---- the host tier of the prefix cache --------------------------------------------------------------------
+    def _offer_host(self, stream: Stream, i: int) -> None:
+        """Host block i of the stream, full and copied this step, findable by its key (a load that finds it is
+        planned in a later step, after this step's copy has landed)."""
+        if i < len(stream.block_keys):
+            bs = self.block_size
+            self.host.cache(stream.host_block_ids[i], stream.block_keys[i], stream.token_ids(i * bs, (i + 1) * bs))
+
+    def _share_host(self, stream: Stream, i: int) -> bool:
+        """Write-through of block i finds it cached on the host: the stream takes that copy as its mirror."""
+        if i >= len(stream.block_keys):
+            return False
+        bs = self.block_size
+        found = self.host.lookup([stream.block_keys[i]], stream.token_ids(i * bs, (i + 1) * bs))
+        if not found:
+            return False
+        self.host.take(found)
+        stream.host_block_ids.append(found[0])
+        stream.num_host_tokens = (i + 1) * bs
+        return True
 
     # ---- invariants -------------------------------------------------------------------------------------------
     def check_integrity(self, streams: Iterable[Stream]) -> None:

@@ -60,7 +60,8 @@ class LLMEngine(EngineMigration):
         self.runner = runner
         self.tokenizer = tokenizer
         self.clock = clock or WallClock()
-        self.pool = BlockPool(config.cache.num_device_blocks, config.cache.block_size)
+        self.pool = BlockPool(config.cache.num_device_blocks, config.cache.block_size,
+                              caching=config.cache.enable_prefix_caching)
         block_bytes = runner.info.kv_bytes_per_token * config.cache.block_size
         cost = CostModel(block_bytes, prefill_chunk_tokens=config.scheduler.max_num_batched_tokens)
         self.scheduler = Scheduler(config.scheduler, self.pool, config.cache, cost)
@@ -288,7 +289,7 @@ class LLMEngine(EngineMigration):
             finished = status >= _DONE
             append(new(StreamOutput, (stream.stream_id, (token,), "", finished,
                                       status.finish_reason if finished else None, len(stream.prompt_token_ids),
-                                      len(stream.output_token_ids))))
+                                      len(stream.output_token_ids), stream.num_cached_tokens)))
             if finished:
                 self._retire(stream)
         return outputs
@@ -317,7 +318,7 @@ class LLMEngine(EngineMigration):
         finished = status >= _DONE  # the reason is looked up only for a finished stream
         reason = status.finish_reason if finished else None
         return _new_tuple(StreamOutput, (sid, (token,), text, finished, reason, len(stream.prompt_token_ids),
-                                         len(stream.output_token_ids)))
+                                         len(stream.output_token_ids), stream.num_cached_tokens))
 
     # ---- blocking helpers -------------------------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Iterator[StreamOutput]:
@@ -355,6 +356,7 @@ class LLMEngine(EngineMigration):
         now = self.clock.now()
         running = [s for s in live if s.status == StreamStatus.RUNNING]
         host = self.scheduler.kv.host
+        prefix = self.scheduler.prefix_stats
         return EngineStats(
             num_running=len(running), num_waiting=sum(s.status == StreamStatus.WAITING for s in live),
             num_preempted=sum(s.status in (StreamStatus.PREEMPTED, StreamStatus.LOADING) for s in live),
@@ -365,7 +367,10 @@ class LLMEngine(EngineMigration):
             sum_rate=sum(s.rate for s in live),
             preemptions=self._totals["preemptions"] + sum(s.num_preemptions for s in live),
             tokens_recomputed=self._totals["tokens_recomputed"] + sum(s.num_recomputed_tokens for s in live),
-            streams_finished=self._totals["streams_finished"], steps=self._totals["steps"])
+            streams_finished=self._totals["streams_finished"], steps=self._totals["steps"],
+            device_blocks_cached=self.pool.num_cached, prefix_lookup_tokens=prefix.lookup_tokens,
+            prefix_hit_tokens_device=prefix.hit_tokens_device, prompt_tokens_total=prefix.prompt_tokens,
+            prompt_cached_tokens_total=prefix.prompt_hit_tokens)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

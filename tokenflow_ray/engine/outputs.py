@@ -17,6 +17,7 @@ class StreamOutput(NamedTuple):
     finish_reason: str | None  # "stop" | "length" | "abort" once finished
     num_prompt_tokens: int
     num_output_tokens: int  # cumulative
+    num_cached_tokens: int = 0  # prompt tokens prefix caching served (OpenAI's usage.prompt_tokens_details)
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,14 @@ class EngineStats:
     tokens_recomputed: int
     streams_finished: int
     steps: int
+    # Prefix caching (engine/prefix_cache.py): blocks holding a findable prefix, and tokens looked up and found by
+    # every start from nothing on the device (first starts and resumes), and by prompts (their first starts).
+    device_blocks_cached: int = 0
+    prefix_lookup_tokens: int = 0
+    prefix_hit_tokens_device: int = 0
+    prompt_tokens_total: int = 0
+    prompt_cached_tokens_total: int = 0
+
+    @property
+    def prefix_hit_rate_device(self) -> float:
+        return self.prefix_hit_tokens_device / self.prefix_lookup_tokens if self.prefix_lookup_tokens else 0.0

@@ -20,7 +20,7 @@ Preemption goes to the host store when the policy uses it and the store has room
 
 The parts, each a mixin of Scheduler: the live streams' books and the policy's view (scheduler_accounting.py),
 who holds the device (scheduler_admission.py), a step's result applied (scheduler_results.py), migration
-(scheduler_migration.py). This file holds the state, the stream lifecycle and the step.
+(scheduler_migration.py), prefix caching (prefix_cache.py). This file holds the state, the stream lifecycle and the step.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tokenflow_ray.engine.cost_model import CostModel
 from tokenflow_ray.engine.kv_manager import KVManager
 from tokenflow_ray.engine.plan import ScheduledChunk, StepPlan
 from tokenflow_ray.engine.policies import SchedulingPolicy, make_policy
+from tokenflow_ray.engine.prefix_cache import PrefixCacheStats, SchedulerPrefixCache
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.engine.scheduler_accounting import SchedulerAccounting
 from tokenflow_ray.engine.scheduler_admission import SchedulerAdmission, new_tuple
@@ -41,14 +42,16 @@ from tokenflow_ray.engine.scheduler_results import SchedulerResults
 from tokenflow_ray.engine.stream import Stream, StreamStatus
 
 
-class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, SchedulerMigration):
+class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, SchedulerMigration, SchedulerPrefixCache):
     def __init__(self, config: SchedulerConfig, block_pool: BlockPool, cache: CacheConfig | None = None,
                  cost: CostModel | None = None, policy: SchedulingPolicy | None = None) -> None:
         self.config = config
         self.cache = cache or CacheConfig(block_size=block_pool.block_size, num_device_blocks=block_pool.num_blocks)
         self.pool = block_pool
         self.policy = policy or make_policy(config.policy, config.tokenflow, config.andes, config.fcfs_reserve_ratio)
-        host = BlockPool(self.cache.num_host_blocks, block_pool.block_size) if self.cache.num_host_blocks else None
+        host_caching = block_pool.caching and self.cache.host_prefix_caching
+        host = BlockPool(self.cache.num_host_blocks, block_pool.block_size, caching=host_caching) \
+            if self.cache.num_host_blocks else None
         self.kv = KVManager(block_pool, host)
         self.cost = cost or CostModel(block_bytes=64 * block_pool.block_size,
                                       prefill_chunk_tokens=config.max_num_batched_tokens)
@@ -74,6 +77,7 @@ class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, Sched
         self._table_sent: dict[str, int] = {}
         self._leaving: set[str] = set()  # streams to be exported (migration): never admitted or resumed again here
         self._step_ids = itertools.count()
+        self.prefix_stats = PrefixCacheStats()  # prefix caching's lookups and hits (prefix_cache.py)
 
     # ---- stream lifecycle -------------------------------------------------------------------------------------
     def add(self, stream: Stream) -> None:
@@ -216,7 +220,10 @@ class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, Sched
         if self.kv.queued_load_blocks:
             urgent += self.kv.plan_loads(max(1, self.cost.copy_budget_blocks() - urgent))
         budget = self.cost.copy_budget_blocks(self.cache.write_budget_fraction) - urgent
-        if budget > 0 and self.policy.uses_host_store and self.cache.write_through and self.kv.host is not None:
+        host = self.kv.host
+        # Write-through feeds the policy's pauses and the host tier of the prefix cache (for any policy).
+        if budget > 0 and self.cache.write_through and host is not None and (self.policy.uses_host_store
+                                                                               or host.caching):
             running = self.by_status(StreamStatus.RUNNING)
             by_buffer = sorted(running, key=lambda s: -s.reader.buffer_seconds_at(now))
             self.kv.write_through(by_buffer, budget)

@@ -97,9 +97,17 @@ class SchedulerAccounting:
         for s in self.streams.values():
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"
+            assert s.num_keyed_blocks <= len(s.block_ids), f"{s.stream_id}: offered blocks it does not hold"
+            for i, b in enumerate(s.block_ids):  # a cached block in its table holds the stream's own content
+                key = self.pool.key_of(b)
+                assert key is None or (i < len(s.block_keys) and key == s.block_keys[i]), \
+                    f"{s.stream_id}: block {i} is cached with another prefix"
             if s.status == StreamStatus.RUNNING:
                 lo, hi = self.pool.blocks_for_tokens(s.num_computed_tokens), self.pool.blocks_for_tokens(s.num_tokens)
                 assert lo <= len(s.block_ids) <= hi, f"{s.stream_id}: block table does not match its tokens"
+                # The blocks it writes next are its own: a block with two owners is never written.
+                assert all(self.pool.refcount(b) == 1 for b in s.block_ids[s.num_computed_tokens // self.pool.block_size:]), \
+                    f"{s.stream_id}: would write a shared block"
             elif s.status == StreamStatus.LOADING:
                 assert len(s.block_ids) == self.pool.blocks_for_tokens(s.num_host_tokens), s.stream_id
             else:

@@ -119,6 +119,8 @@ class SchedulerAdmission:
         working = view.num_working
         waiting, paused = StreamStatus.WAITING, StreamStatus.PREEMPTED
         max_num_seqs, leaving = self.config.max_num_seqs, self._leaving
+        caching = self.pool.caching
+        host_caching = caching and self.kv.host is not None and self.kv.host.caching
         if working >= limit:
             # No new stream joins this step (the working set only grows below), and a stream's status changes
             # only when the walk reaches it: the walk meets exactly the paused streams and those to recompute.
@@ -154,10 +156,18 @@ class SchedulerAdmission:
                     # last), its load wasted; without write-through it is copied out whole again.
                     loaded = self.pool.blocks_for_tokens(stream.num_host_tokens)
                     first = self.pool.blocks_for_tokens(stream.num_host_tokens + 1)
-                    if not self.pool.can_allocate(first + pledged) or not self.kv.start_load(stream):
+                    # Its blocks still cached on the device are taken, not loaded (prefix caching).
+                    cached = self._cached_prefix(stream, stream.num_host_tokens // self.pool.block_size)
+                    if not self.pool.can_allocate(first + pledged) or not self.kv.start_load(stream, cached):
                         break  # no memory: keep rank order
                     pledged += first - loaded
-                    stream.status = StreamStatus.LOADING
+                    if caching:
+                        self._count_start(stream, len(cached) * self.pool.block_size, first=False)
+                    if self.kv.is_loading(stream):
+                        stream.status = StreamStatus.LOADING
+                    else:  # all of it was still on the device
+                        self.kv.finish_load(stream, keep_host_copy=self.cache.write_through)
+                        stream.status = StreamStatus.RUNNING
                     self._announce(stream, new_streams)  # an imported stream's first plan here may be its load
                     num_active += 1
                     reserve += self.policy.reserve_tokens([stream])
@@ -166,14 +176,39 @@ class SchedulerAdmission:
                 if not self.pool.can_allocate(first + pledged):
                     break  # keep the host copy: nothing is gained by dropping it without room to recompute
                 stream.record.record_recompute(stream.num_host_tokens)
+                stream.num_dropped_tokens = stream.num_host_tokens
                 self.kv.release_host(stream)
                 stream.status = StreamStatus.WAITING
+            if host_caching and status == waiting and (found := self._host_prefix(stream, view)) is not None:
+                # Its prompt's prefix is on the host, past what the device holds: it starts by loading it, as a
+                # resume does (prefix_cache.py).
+                host_hits, cached = found
+                first = self.pool.blocks_for_tokens(len(host_hits) * self.pool.block_size + 1)
+                if not self.pool.can_allocate(first + pledged) or not self._start_host_load(stream, host_hits, cached):
+                    break  # no memory: keep rank order
+                pledged += first - len(host_hits)
+                self._count_start(stream, len(cached) * self.pool.block_size, first=is_new,
+                                  host_tokens=(len(host_hits) - len(cached)) * self.pool.block_size)
+                stream.status = StreamStatus.LOADING
+                self._announce(stream, new_streams)
+                if is_new:  # it joins the working set
+                    working += 1
+                    self._working_sums = None
+                num_active += 1
+                reserve += self.policy.reserve_tokens([stream])
+                continue
+            hit = self._take_prefix(stream) if caching else 0  # it starts after its cached prefix
             n = self._chunk_len(stream, budget)
-            if is_new and self.pool.num_free - self.pool.blocks_for_tokens(n) < self.pool.blocks_for_tokens(reserve):
-                break  # memory-aware admission: running streams keep room to grow
-            if n == 0 or (pledged and not self.pool.can_allocate(self.pool.blocks_for_tokens(n) + pledged)) \
+            if (is_new and self.pool.num_free - self.pool.blocks_for_tokens(n) < self.pool.blocks_for_tokens(reserve)) \
+                    or n == 0 or (pledged and not self.pool.can_allocate(self.pool.blocks_for_tokens(n) + pledged)) \
                     or not self.kv.grow(stream, n):
-                break  # head-of-line: admission keeps the policy's order
+                # Memory-aware admission (running streams keep room to grow), or no room: head-of-line, admission
+                # keeps the policy's order.
+                if hit:
+                    self._drop_prefix(stream)
+                break
+            if caching:
+                self._count_start(stream, hit, first=is_new)
             stream.status = StreamStatus.RUNNING
             prefills.append(self._chunk(stream, n))
             self._announce(stream, new_streams)
@@ -191,17 +226,19 @@ class SchedulerAdmission:
             self._announced.add(stream.stream_id)
             new_streams.append((stream.stream_id, stream.sampling))
 
-    def _resume_by_load(self, stream: Stream, view: SchedulerView | None = None) -> bool:
+    def _resume_by_load(self, stream: Stream, view: SchedulerView | None = None, tokens: int | None = None) -> bool:
         """Reload or recompute, with the copies queued ahead of it now: tails being evicted this step and loads
         still waiting (paper §4.2.3, t_IO against t_recompute). The policy weighs the two (`resume_by_load`);
-        without a view, the paper's rule: the sooner."""
-        if stream.num_host_tokens == 0 or self.cache.resume_mode == "recompute":
+        without a view, the paper's rule: the sooner. `tokens`: what would load (its host prefix by default; a
+        prompt's prefix found on the host, past what the device holds)."""
+        tokens = stream.num_host_tokens if tokens is None else tokens
+        if tokens == 0 or self.cache.resume_mode == "recompute":
             return False
         if self.cache.resume_mode == "load":
             return True
-        t_io = self.cost.t_io(load_blocks=self.pool.blocks_for_tokens(stream.num_host_tokens),
+        t_io = self.cost.t_io(load_blocks=self.pool.blocks_for_tokens(tokens),
                               evict_blocks=self.kv.planned_evict_blocks, queued_blocks=self.kv.queued_load_blocks)
-        t_recompute = self.cost.t_recompute(stream.num_host_tokens)
+        t_recompute = self.cost.t_recompute(tokens)
         if view is None:
             return t_io <= t_recompute
         return self.policy.resume_by_load(stream, t_io, t_recompute, view)
@@ -243,6 +280,7 @@ class SchedulerAdmission:
             later = swapped[1]
         else:  # recompute: everything computed so far is computed again later
             stream.record.record_recompute(stream.num_computed_tokens)
+            stream.num_dropped_tokens = stream.num_computed_tokens
             self.kv.release_device(stream)
             self.kv.release_host(stream)
             stream.status = StreamStatus.WAITING

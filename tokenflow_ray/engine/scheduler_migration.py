@@ -65,6 +65,7 @@ class SchedulerMigration:
         else:
             if num_kv_tokens:
                 stream.record.record_recompute(num_kv_tokens)
+                stream.num_dropped_tokens = num_kv_tokens
             stream.host_block_ids, stream.num_host_tokens = [], 0
             stream.status = StreamStatus.WAITING
         self._enter(stream)

@@ -32,11 +32,14 @@ class SchedulerResults:
         self._learn_timings(plan, result, step_s)
         emitted: list[tuple[Stream, int]] = []
         streams, sampled = self.streams, result.sampled  # per-stream loop below: locals, not attribute lookups
+        bs = self.pool.block_size if self.pool.caching else 0
         for sid, tokens, _, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
             stream = streams.get(sid)
             if stream is None:  # aborted while the step ran
                 continue
             stream.num_computed_tokens += len(tokens)
+            if bs and stream.num_computed_tokens // bs > stream.num_keyed_blocks:
+                self._cache_blocks(stream)  # blocks this step filled: findable (prefix_cache.py)
             if not sample:
                 continue
             token = sampled[sid]
@@ -76,8 +79,12 @@ class SchedulerResults:
         self._learn_timings(plan, result, step_s)
         emitted: list[tuple[Stream, int]] = []
         streams, sampled = self.streams, result.sampled  # per-stream loop below: locals, not attribute lookups
+        bs = self.pool.block_size if self.pool.caching else 0
         for sid, tokens, start, _, _, sample in itertools.chain(plan.decodes, plan.prefills):
             if not sample:
+                if bs and (stream := streams.get(sid)) is not None \
+                        and stream.num_computed_tokens // bs > stream.num_keyed_blocks:
+                    self._cache_blocks(stream)  # a prompt chunk: its tokens are all known
                 continue
             stream = streams.get(sid)
             if stream is None:  # aborted, or stopped (eos, a stop string) by the step before it
@@ -85,6 +92,9 @@ class SchedulerResults:
             token = sampled[sid]
             # The placeholder sits at the position after the chunk (a later step's may follow it).
             stream.output_token_ids[start + len(tokens) - len(stream.prompt_token_ids)] = token
+            if bs and stream.num_computed_tokens // bs > stream.num_keyed_blocks:
+                # With the token in place every computed token is known (block_keys stops at a later placeholder).
+                self._cache_blocks(stream)
             # Buffer first, then the token: the record keeps what the reader had unread when it was generated.
             stream.record.record_token(now, stream.reader.buffer_then_token(now))
             emitted.append((stream, token))

@@ -51,6 +51,12 @@ class Stream:
     status: StreamStatus = StreamStatus.WAITING
     last_preempted_at: float = float("-inf")
     rate: float = 0.0  # declared consumption rate, tokens/s (0: unpaced reader)
+    # Prefix caching (block_pool.py): the content keys of the stream's full blocks known so far, how many of its
+    # device blocks were offered to the cache, and its prompt tokens the cache served at its first start.
+    block_keys: list[int] = field(default_factory=list)
+    num_keyed_blocks: int = 0
+    num_cached_tokens: int = 0
+    num_dropped_tokens: int = 0  # KV tokens its last preemption by recompute dropped (recorded as recomputed)
     reader: ReaderModel = field(init=False)  # the server's model of the client's buffer
     record: StreamRecord = field(init=False)  # metrics: token times and buffers, preemptions
     # What ends the stream, fixed at creation and checked for every token it generates: the token ids that

@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from tokenflow_ray.engine.policies import POLICY_NAMES
+from tokenflow_ray.workloads.prompts import distinct_prompt
 
 H200_DEVICE_BLOCKS = 1734  # the H200 mem-frac-0.3 pool of 222k tokens x 1/8, in 16-token blocks
 H200_HOST_BLOCKS = 6936
@@ -107,7 +108,7 @@ def build_engine(cfg: HostBenchConfig, policy: str, n: int):
     runner = NullRunner(info, cfg.block_size, compute_s=cfg.step_s)
     engine = LLMEngine(config, runner, tokenizer=None, clock=VirtualClock())
     for i, (prompt, output) in enumerate(host_requests(cfg, n)):
-        ids = [(i * 31 + j) % 1000 + 1 for j in range(prompt)]
+        ids = distinct_prompt(i, prompt, vocab=1000)
         engine.add_request(ids, SamplingParams(max_tokens=output, ignore_eos=True), stream_id=f"s{i:05d}",
                            arrival_time=0.0, rate=cfg.rate)
     return engine

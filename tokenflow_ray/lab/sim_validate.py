@@ -47,6 +47,7 @@ from tokenflow_ray.workloads.generators import (
     make_requests,
     table1_lengths,
 )
+from tokenflow_ray.workloads.prompts import distinct_prompt
 
 METRICS = {"ttft_p50": "ttft_p50_s", "ttft_p99": "ttft_p99_s", "raw_tput": "raw_tput",
            "effective_tput": "effective_tput"}
@@ -121,7 +122,7 @@ def run_real(config: EngineConfig, requests: Sequence[RequestSpec]) -> RealRun:
             now = engine.clock.now() - start
             while i < len(pending) and pending[i].arrival_s <= now:
                 r = pending[i]
-                engine.add_request([1 + (r.index + k) % 200 for k in range(r.prompt_len)],
+                engine.add_request(distinct_prompt(r.index, r.prompt_len),
                                    SamplingParams(max_tokens=r.output_len, ignore_eos=True),
                                    stream_id=f"req-{r.index}", arrival_time=start + r.arrival_s, rate=r.rate)
                 i += 1

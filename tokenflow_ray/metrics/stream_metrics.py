@@ -76,6 +76,10 @@ class StreamRecord:
     def record_recompute(self, tokens: int) -> None:
         self.tokens_recomputed += check_count(tokens, "tokens")
 
+    def record_recompute_avoided(self, tokens: int) -> None:
+        """Tokens recorded for recompute that prefix caching found still cached: not computed again after all."""
+        self.tokens_recomputed -= min(check_count(tokens, "tokens"), self.tokens_recomputed)
+
     def mark_finished(self, stall_s: float | None = None) -> None:
         """The stream ended; pass the live reader's stall time if the engine has one."""
         if stall_s is not None:

@@ -46,6 +46,7 @@ from tokenflow_ray.sim.cost import HostLink, StepCost
 from tokenflow_ray.sim.migration import ClusterMigration, InTransit, MigrationLink
 from tokenflow_ray.sim.sim_runner import SimRunner
 from tokenflow_ray.workloads.generators import RequestSpec
+from tokenflow_ray.workloads.prompts import sim_prompt
 
 ROUTERS = ("slack", "pow2", "round_robin", "pinned")  # pinned: every arrival to r000 (a hot-replica scenario)
 _ARRIVAL, _REPLICA, _LAND, _TICK = 0, 1, 2, 3
@@ -117,7 +118,6 @@ class Simulation:
         self.ledger = InflightLedger(self.router_config.inflight_ttl_s)
         self._rng = random.Random(f"{seed}:router")
         self._rr = 0
-        self._prompts: dict[int, tuple[int, ...]] = {}
         self.replicas: list[SimReplica] = []
         for i, rs in enumerate(replica_setups or [setup] * num_replicas):
             cache = rs.engine.cache
@@ -271,9 +271,8 @@ class Simulation:
 
     # ---- arrivals and routing ---------------------------------------------------------------------------------
     def _add(self, replica: SimReplica, req: RequestSpec) -> None:
-        prompt = self._prompts.get(req.prompt_len)
-        if prompt is None:  # shared per length: token values do not matter to the SimRunner
-            prompt = self._prompts[req.prompt_len] = (1,) * req.prompt_len
+        # Token values do not matter to the SimRunner; which prefixes repeat matters to prefix caching.
+        prompt = sim_prompt(req.index, req.prompt_len, req.hash_ids, replica.engine.runner.info.vocab_size)
         replica.engine.add_request(prompt, SamplingParams(max_tokens=req.output_len, ignore_eos=True),
                                    stream_id=f"req-{req.index}", arrival_time=req.arrival_s, rate=req.rate)
 

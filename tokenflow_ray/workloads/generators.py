@@ -27,6 +27,9 @@ class RequestSpec:
     prompt_len: int
     output_len: int
     rate: float  # declared consumption rate, tokens/s
+    # Which prompt prefixes repeat (Mooncake: one id per 512 prompt tokens, equal ids equal content; workloads/
+    # prompts.py); (): a prompt of its own.
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

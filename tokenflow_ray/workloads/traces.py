@@ -275,7 +275,8 @@ def load_trace(path: str | Path, options: TraceOptions = TraceOptions()) -> Trac
             truncated += 1
             output = min(output, options.max_context - 1)
             prompt = options.max_context - output
-        requests.append(RequestSpec(index, (row.time_s - first) / options.speed, prompt, output, rate))
+        requests.append(RequestSpec(index, (row.time_s - first) / options.speed, prompt, output, rate,
+                                    row.hash_ids))
     return Trace(str(path), fmt, options, requests, [r.hash_ids for r in rows], len(rows) + failed, failed,
                  truncated)
 

@@ -18,6 +18,7 @@ from tokenflow_ray.engine.outputs import StreamOutput
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.lab.gpu.context import PartContext
 from tokenflow_ray.sim.cost import StepShape
+from tokenflow_ray.workloads.prompts import distinct_prompt
 
 DRY_RUN_MODEL = {"fused_cpu_ops": False, "cpu_prepack": False, "attention_backend": "sdpa", "num_threads": 1}
 
@@ -39,8 +40,9 @@ def embedded_config(ctx: PartContext, dtype: str, **overrides) -> ModelConfig:
 
 
 def prompt_ids(index: int, length: int) -> list[int]:
-    """The H200 runs' prompts: meaningless ids, valid in every vocabulary here (< 256)."""
-    return [1 + (index + k) % 200 for k in range(length)]
+    """The H200 runs' prompts: meaningless ids, valid in every vocabulary here (< 256), no two requests sharing a
+    block (prefix caching finds nothing to reuse)."""
+    return distinct_prompt(index, length)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def usage(d: Delta) -> dict[str, int]:
+def usage(d: Delta) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens prefix caching served."""
     return {"prompt_tokens": d.num_prompt_tokens, "completion_tokens": d.num_output_tokens,
-            "total_tokens": d.num_prompt_tokens + d.num_output_tokens}
+            "total_tokens": d.num_prompt_tokens + d.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": d.num_cached_tokens}}
 
 
 def _finish(d: Delta) -> str | None:

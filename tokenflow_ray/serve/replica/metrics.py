@@ -22,6 +22,9 @@ from tokenflow_ray.metrics.stream_metrics import StreamRecord, effective_tokens,
 # renders every gauge in the snapshot, these included.
 ROUTING_GAUGES = ("num_paused", "num_live", "sum_rate", "waiting_rate", "capacity_tok_s", "min_buffer_s",
                   "queued_prefill_s", "host_blocks_free", "admitted_total")
+# Prefix caching (EngineStats): cached blocks, and the hit rate over every lookup and over prompts.
+PREFIX_GAUGES = ("device_blocks_cached", "prefix_lookup_tokens", "prefix_hit_tokens_device", "prefix_hit_rate_device",
+                 "prompt_tokens_total", "prompt_cached_tokens_total")
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TBT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # What a reader feels, per finished stream: seconds its reader waited with an empty buffer, and Andes' QoE (1: every
@@ -118,7 +121,7 @@ class ReplicaMetrics:
         self.gauges = {name: m.Gauge(f"tokenflow_{name}", name.replace("_", " "), keys)
                        for name in ("buffer_tokens_mean", "num_running", "num_waiting", "device_blocks_free",
                                     "preemptions", "bytes_to_host", "bytes_from_host", "effective_tput",
-                                    *ROUTING_GAUGES)}
+                                    *PREFIX_GAUGES, *ROUTING_GAUGES)}
         self.moves = m.Counter("tokenflow_migrations_total", "streams this replica moved away, by reason and outcome",
                                (*keys, "reason", "outcome"))
         self.handoff = m.Histogram("tokenflow_migration_handoff_seconds", "a move from its order to the hand-off",
@@ -154,4 +157,7 @@ class ReplicaMetrics:
 
 
 def engine_stats_dict(stats: Any) -> dict[str, Any]:
-    return {k: v for k, v in asdict(stats).items() if isinstance(v, (int, float))}
+    out = {k: v for k, v in asdict(stats).items() if isinstance(v, (int, float))}
+    if hasattr(stats, "prefix_hit_rate_device"):
+        out["prefix_hit_rate_device"] = stats.prefix_hit_rate_device
+    return out

@@ -31,6 +31,10 @@ def _counts(out) -> tuple[int, int]:
     return (0, 0) if out is None else (out.num_prompt_tokens, out.num_output_tokens)
 
 
+def _cached(out) -> int:
+    return 0 if out is None else out.num_cached_tokens
+
+
 class TokenPath:
     """A stream's way from the engine to whoever answers HTTP."""
 
@@ -75,7 +79,8 @@ class TokenPath:
                         continue
                     if grouper.due(now, out is not None and out.finished, self._active):
                         self._holding.pop(stream_id, None)
-                        yield Delta("".join(text), grouper.held, *_counts(last), last.finished, last.finish_reason)
+                        yield Delta("".join(text), grouper.held, *_counts(last), last.finished, last.finish_reason,
+                                    num_cached_tokens=last.num_cached_tokens)
                         grouper.sent_now(now)
                         text.clear()
                     else:
@@ -84,10 +89,12 @@ class TokenPath:
                 self._active -= 1
                 active = False
                 if follow_moves:  # what this replica generated, and where the rest is
-                    yield Delta("".join(text), grouper.held, *_counts(last), moved_to=moved.where)
+                    yield Delta("".join(text), grouper.held, *_counts(last), moved_to=moved.where,
+                                num_cached_tokens=_cached(last))
                     return
                 if grouper.held and last is not None:  # what this replica generated goes out before the relay
-                    yield Delta("".join(text), grouper.held, last.num_prompt_tokens, last.num_output_tokens)
+                    yield Delta("".join(text), grouper.held, last.num_prompt_tokens, last.num_output_tokens,
+                                num_cached_tokens=last.num_cached_tokens)
                 async for delta in self._relay(stream_id, moved.where):
                     yield delta
         finally:
