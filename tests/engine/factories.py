@@ -37,9 +37,10 @@ def make_fake_engine(num_blocks: int = 64, block_size: int = 8, max_num_seqs: in
     return LLMEngine(config, runner, tokenizer=None, clock=VirtualClock()), runner
 
 
-def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, list[int]]:
-    """Step until idle, checking block integrity after every step; returns tokens per stream."""
-    tokens: dict[str, list[int]] = {}
+def run_to_completion(engine: LLMEngine, max_steps: int = 100_000,
+                      tokens: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
+    """Step until idle, checking block integrity after every step; returns tokens per stream (added to `tokens`)."""
+    tokens = {} if tokens is None else tokens
     for _ in range(max_steps):
         if not engine.has_unfinished():
             return tokens

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.engine.factories import make_fake_engine as _make_fake_engine
+from tests.engine.factories import run_to_completion
 from tokenflow_ray.engine.block_pool import BlockIntegrityError, BlockPool, NoFreeBlocksError, block_keys
 from tokenflow_ray.engine.plan import PENDING_TOKEN
 from tokenflow_ray.engine.sampling import SamplingParams
@@ -26,16 +27,8 @@ def make_fake_engine(**kwargs):
 SYSTEM = [(7 * j) % 200 + 1 for j in range(37)]  # 4 full blocks of 8 and a partial one
 
 
-def _run(engine, tokens=None, max_steps=20_000):
-    tokens = {} if tokens is None else tokens
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            return tokens
-        for out in engine.step():
-            tokens.setdefault(out.stream_id, []).extend(out.token_ids)
-        engine.check_integrity()
-        engine.clock.advance(0.01)
-    raise AssertionError("engine did not finish")
+def _run(engine, tokens=None):
+    return run_to_completion(engine, tokens=tokens)
 
 
 def _greedy(n):
