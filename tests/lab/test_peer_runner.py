@@ -358,3 +358,44 @@ def test_env_install_failure_is_one_line_and_logged(tmp_path, monkeypatch):
     log = (tmp_path / "peers" / "install.log").read_text().splitlines()
     assert log[-1] == "DONE 4" and vllm_env._log_state(tmp_path / "peers" / "install.log") == "done"
 
+
+
+def test_vllm_reports_cached_tokens_and_says_its_prefix_caching(tmp_path):
+    base = dict(python=tmp_path / "bin/python", model_dir=tmp_path, served_model_name="embedded", num_blocks=60)
+    default = vllm_server_argv(VllmServerSettings(**base), 1)
+    assert "--enable-prompt-tokens-details" in default
+    assert not {"--enable-prefix-caching", "--no-enable-prefix-caching"} & set(default)  # vLLM's own default
+    assert "--enable-prefix-caching" in vllm_server_argv(VllmServerSettings(**base, prefix_caching=True), 1)
+    assert "--no-enable-prefix-caching" in vllm_server_argv(VllmServerSettings(**base, prefix_caching=False), 1)
+
+
+def test_the_conversations_workload_config():
+    cfg = PeerBenchConfig(workload="conversations", streams=32, prompt_len=48, max_tokens=32, max_model_len=2048,
+                          systems=("tokenflow", "tokenflow-nocache", "vllm"))
+    wl = cfg.conversation_workload()
+    assert (wl.conversations, wl.turns, wl.system_len, wl.user_len, wl.max_tokens) == (32, 4, 1024, 48, 32)
+    assert cfg.max_prompt_len == wl.max_prompt_len < 2048 - 32
+    assert len(wl.system_prompt()) == len("System: ") + 1024 and len(wl.user_message(3, 1)) == 48
+    assert wl.user_message(3, 1) != wl.user_message(3, 2)
+    on, off = (cfg.serve_config(s).engine for s in ("tokenflow", "tokenflow-nocache"))
+    assert on.cache.enable_prefix_caching and not off.cache.enable_prefix_caching
+    assert on.scheduler.policy == off.scheduler.policy == "tokenflow"
+    with pytest.raises(ValueError, match="max_model_len"):  # 4 turns behind 1,024 tokens need the 2k context
+        PeerBenchConfig(workload="conversations", streams=32, prompt_len=48, max_tokens=32)
+    with pytest.raises(ValueError, match="conversations"):
+        from tokenflow_ray.lab.peer.conversations import ConversationWorkload
+
+        ConversationWorkload(conversations=1000)
+
+
+def test_a_conversation_summary_splits_first_and_later_turns():
+    from tokenflow_ray.lab.peer.conversations import ConversationResult, TurnResult
+
+    turns = [TurnResult(0, 0, 0.5, 1.0, 300, 0, 8), TurnResult(0, 1, 0.1, 0.6, 400, 320, 8),
+             TurnResult(1, 0, 0.7, 1.2, 300, 288, 8), TurnResult(1, 1, 0.3, 0.8, 420, 400, 8),
+             TurnResult(1, 2, error="timeout")]
+    s = ConversationResult(turns, 5.0).summary()
+    assert (s["turns"], s["complete"], s["errors"]) == (5, 4, 1)
+    assert s["first_turn_ttft_p50_s"] == 0.7 and s["later_ttft_p50_s"] == 0.3 and s["later_ttft_p99_s"] == 0.3
+    assert s["later_ttft_mean_s"] == pytest.approx(0.2)
+    assert s["later_cached_share"] == pytest.approx(720 / 820) and s["later_prompt_tokens"] == 820

@@ -187,3 +187,18 @@ def test_cluster_yaml_validates():
     validate_config(prepare_config(config))
     types = config["available_node_types"]
     assert types["head"]["resources"] == {"CPU": 0} and types["gpu_worker"]["max_workers"] >= 1
+
+
+def test_prefix_caching_is_on_by_default_and_off_by_a_flag(monkeypatch):
+    """The serve default reuses cached prefixes on both tiers; `tokenflow serve --no-prefix-caching` turns it off
+    (the config reaches run_server as the CLI built it)."""
+    import tokenflow_ray.serve.lifecycle as lifecycle
+    from tokenflow_ray.cli import build_parser
+
+    assert serve_engine().cache.prefix_cache_mode == "device+host"
+    seen = []
+    monkeypatch.setattr(lifecycle, "run_server", lambda config: seen.append(config) or 0)
+    for argv, mode in ((["serve"], "device+host"), (["serve", "--no-prefix-caching"], "off")):
+        args = build_parser().parse_args(argv)
+        assert args.handler(args) == 0
+        assert seen[-1].engine.cache.prefix_cache_mode == mode

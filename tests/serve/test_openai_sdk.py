@@ -67,3 +67,47 @@ def test_errors_are_sdk_exceptions(client, app):
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
     assert httpx.get(app.base_url + "/health").json() == {"status": "ok"}
+
+
+def test_a_conversation_reuses_its_cached_prefix(client):
+    """Prefix caching over HTTP: a repeated prompt and the next turn of a conversation report the prompt tokens the
+    cache served (usage.prompt_tokens_details.cached_tokens, whole 16-token blocks), and greedy text is the same
+    as computed from nothing."""
+    import uuid
+
+    system = f"Session {uuid.uuid4().hex}. " + "You answer briefly and you never repeat the question. " * 8
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+    kwargs = dict(model="embedded", max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    first = client.chat.completions.create(messages=turn, **kwargs)
+    prompt = first.usage.prompt_tokens
+    assert prompt > 64 and first.usage.prompt_tokens_details.cached_tokens == 0  # a new session id: nothing cached
+    again = client.chat.completions.create(messages=turn, **kwargs)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens == (prompt - 1) // 16 * 16  # its last token computed
+    follow = turn + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And another one?"}]
+    chunks = list(client.chat.completions.create(messages=follow, stream=True, stream_options={"include_usage": True},
+                                                 **kwargs))
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens > prompt
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached % 16 == 0 and prompt - 32 <= cached < usage.prompt_tokens  # at least the first turn, bar its tail
+
+
+def test_the_conversation_workload_reuses_history_through_the_cache(app):
+    """`tokenflow bench peer --workload conversations`'s client, small, against the app: closed-loop turns, each
+    later turn's prompt mostly served from the cache (system prompt and history), TTFT timed for every turn."""
+    import asyncio
+
+    from tokenflow_ray.lab.peer.conversations import ConversationWorkload, run_conversations
+
+    wl = ConversationWorkload(conversations=3, turns=3, system_len=256, user_len=24, max_tokens=8, stagger_s=0.1,
+                              think_s=0.05, seed=7)
+    result = asyncio.run(run_conversations(app.base_url, wl, api_key=app.api_key, timeout_s=120))
+    s = result.summary()
+    assert s["turns"] == s["complete"] == 9 and s["errors"] == 0
+    assert [(t.conversation, t.turn) for t in result.turns] == [(c, k) for c in range(3) for k in range(3)]
+    assert all(t.completion_tokens == 8 and t.ttft_s > 0 for t in result.turns)
+    assert all(t.prompt_tokens <= wl.max_prompt_len for t in result.turns)
+    assert s["later_cached_share"] > 0.7  # the system prompt and the history: all but each turn's new lines
+    assert s["later_ttft_p50_s"] is not None and s["first_turn_ttft_p50_s"] is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from tokenflow_ray.checks import require
@@ -67,6 +68,19 @@ class ModelConfig:
         require(isinstance(self.enforce_eager, bool), "enforce_eager: must be a bool")
 
 
+# The prefix cache's tiers by name (the simulator's and benches' --prefix-cache): mode -> (enable_prefix_caching,
+# host_prefix_caching).
+PREFIX_CACHE_MODES = MappingProxyType({"off": (False, False), "device": (True, False), "device+host": (True, True)})
+
+
+def prefix_cache_overrides(mode: str) -> dict:
+    """CacheConfig fields for a --prefix-cache mode."""
+    if mode not in PREFIX_CACHE_MODES:
+        raise ValueError(f"--prefix-cache: expected one of {', '.join(PREFIX_CACHE_MODES)}, got {mode!r}")
+    device, host = PREFIX_CACHE_MODES[mode]
+    return {"enable_prefix_caching": device, "host_prefix_caching": host}
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     # Tokens per KV block. On CUDA with flash-attn the default becomes FLASH_BLOCK_SIZE (runner/device_defaults.py).
@@ -78,9 +92,9 @@ class CacheConfig:
     write_budget_fraction: float = 0.8  # write-through bytes per step: this share of (step time x copy bandwidth)
     resume_mode: str = "auto"  # how a paused stream comes back: auto (cheaper of load and recompute), load, recompute
     # Prefix caching (vLLM's name): a full block's KV stays findable by its content after its stream lets go
-    # (block_pool.py), and a prompt starts from the longest cached prefix of full blocks. Off until the benches
-    # and the whole suite have been checked with it on (issue 42); tests/engine/test_prefix_cache.py turns it on.
-    enable_prefix_caching: bool = False
+    # (block_pool.py), and a prompt starts from the longest cached prefix of full blocks. On by default, as in
+    # vLLM V1; where no prefix repeats it costs the block hashing only.
+    enable_prefix_caching: bool = True
     # The host tier of the prefix cache: blocks written through (or evicted) to the host store stay findable there
     # with their own LRU, and a prompt whose prefix is only there loads it instead of computing it again.
     host_prefix_caching: bool = True
@@ -98,6 +112,13 @@ class CacheConfig:
         require(self.num_host_blocks >= 0, "num_host_blocks: must be >= 0")
         require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching: must be a bool")
         require(isinstance(self.host_prefix_caching, bool), "host_prefix_caching: must be a bool")
+
+    @property
+    def prefix_cache_mode(self) -> str:
+        """off, device or device+host (PREFIX_CACHE_MODES); the host tier needs a host store."""
+        if not self.enable_prefix_caching:
+            return "off"
+        return "device+host" if self.host_prefix_caching and self.num_host_blocks > 0 else "device"
 
 
 @dataclass(frozen=True)

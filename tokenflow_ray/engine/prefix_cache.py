@@ -28,6 +28,8 @@ class PrefixCacheStats:
     hit_tokens_host: int = 0  # found on the host past what the device held: loaded, not computed
     prompt_tokens: int = 0
     prompt_hit_tokens: int = 0  # both tiers
+    prompt_hit_tokens_device: int = 0
+    prompt_hit_tokens_host: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -114,6 +116,8 @@ class SchedulerPrefixCache:
         if first:
             stats.prompt_tokens += stream.num_prompt_tokens
             stats.prompt_hit_tokens += found
+            stats.prompt_hit_tokens_device += hit_tokens
+            stats.prompt_hit_tokens_host += host_tokens
             stream.num_cached_tokens = found
 
     def _cache_blocks(self, stream: Stream) -> None:

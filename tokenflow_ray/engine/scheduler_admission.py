@@ -207,8 +207,7 @@ class SchedulerAdmission:
                 if hit:
                     self._drop_prefix(stream)
                 break
-            if caching:
-                self._count_start(stream, hit, first=is_new)
+            self._count_start(stream, hit, first=is_new)  # with caching off too: the prompt tokens a hit rate divides
             stream.status = StreamStatus.RUNNING
             prefills.append(self._chunk(stream, n))
             self._announce(stream, new_streams)

@@ -47,13 +47,23 @@ def _peer(args: argparse.Namespace) -> int:
 
     if args.loads is not None and not args.sweep:
         raise ValueError("--loads needs --sweep")
-    streams = 64 if args.streams is None else args.streams  # --load/--sweep size it from the capacity instead
-    cfg = PeerBenchConfig(workload=args.workload, streams=streams, prompt_len=args.prompt_len,
-                          max_tokens=args.max_tokens, rate=args.rate, burst_s=args.burst_s,
+    chat = args.workload == "conversations"
+    if chat and (args.load is not None or args.sweep or args.plots):
+        raise ValueError("--workload conversations: not with --load, --sweep or --plots")
+    # --load/--sweep size it from the capacity instead
+    streams = args.streams if args.streams is not None else (32 if chat else 64)
+    systems = args.systems or ("tokenflow,tokenflow-nocache,vllm" if chat else "fcfs,tokenflow,vllm")
+    cfg = PeerBenchConfig(workload=args.workload, streams=streams,
+                          prompt_len=(48 if chat else 64) if args.prompt_len is None else args.prompt_len,
+                          max_tokens=(32 if chat else 256) if args.max_tokens is None else args.max_tokens,
+                          rate=args.rate, burst_s=args.burst_s,
                           arrival_rate=args.arrival_rate, kv_blocks=args.kv_blocks, host_blocks=args.host_blocks,
-                          threads=args.threads, systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
+                          threads=args.threads, systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
                           seed=args.seed, timeout_s=args.timeout, vllm_env=args.vllm_env, repeats=args.repeats,
-                          log_dir=args.plots or (str(Path(args.json).parent) if args.json else None))
+                          turns=args.turns, system_len=args.system_len, max_model_len=2048 if chat else 1024,
+                          # vLLM's server log: beside the plots, else out/peer (never beside the JSON: docs/results/runs
+                          # holds run files only)
+                          log_dir=args.plots or None)
     if args.sweep or args.load is not None:
         return _peer_at_loads(args, cfg)
     try:
@@ -277,15 +287,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("peer", help="one workload against our server (fcfs, tokenflow) and vLLM: same model, KV bytes, "
                                     "client")
-    p.add_argument("--workload", default="burst", choices=["burst", "poisson", "mixed"])
+    p.add_argument("--workload", default="burst", choices=["burst", "poisson", "mixed", "conversations"],
+                   help="conversations: multi-turn chat behind one system prompt, closed loop (prefix caching)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--streams", type=int, help="stream count (default 64)")
+    size.add_argument("--streams", type=int, help="stream count (default 64; conversations: conversations, 32)")
     size.add_argument("--load", type=float, metavar="X",
                       help="streams = round(X x measured decode capacity / rate), capacity measured at this config")
     size.add_argument("--sweep", action="store_true", help="each of --loads in turn (JSON sweep: [...], sweep.png)")
     p.add_argument("--loads", type=float_list, help="--sweep: loads, x capacity (default 0.5,0.75,1,1.25,1.5)")
-    p.add_argument("--prompt-len", type=int, default=64, help="mean prompt tokens")
-    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per stream (exact)")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="mean prompt tokens (default 64; conversations: each user message, 48)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="output tokens per stream, exact (default 256; conversations: each reply, 32)")
+    p.add_argument("--turns", type=int, default=4, help="conversations: turns per conversation")
+    p.add_argument("--system-len", type=int, default=1024, help="conversations: the shared system prompt, tokens")
     p.add_argument("--rate", type=float, default=20.0, help="reader rate, tokens/s (mixed: 40%% at 0.75x)")
     p.add_argument("--burst-s", type=float, default=1.0, help="burst/mixed: arrivals spread over this long")
     p.add_argument("--arrival-rate", type=float, default=4.0, help="poisson: requests/s")
@@ -293,7 +308,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device KV pool in our 16-token blocks; vLLM gets the same bytes in 128-token blocks")
     p.add_argument("--host-blocks", type=int, default=4096, help="our CPU spill store, blocks")
     p.add_argument("--threads", type=int, default=2, help="our replica's CPUs/torch threads = vLLM's OpenMP threads")
-    p.add_argument("--systems", default="fcfs,tokenflow,vllm", help="any of fcfs,tokenflow,vllm (run in that order)")
+    p.add_argument("--systems", default=None,
+                   help="any of fcfs,tokenflow,fcfs-nocache,tokenflow-nocache,vllm, run in that order (default "
+                        "fcfs,tokenflow,vllm; conversations: tokenflow,tokenflow-nocache,vllm)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per system for the measured load")
     p.add_argument("--repeats", type=int, default=1, help="median over this many rounds (systems take turns)")
@@ -357,5 +374,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--repeats", type=int, default=3, help="runs per cell; medians reported")
     h.add_argument("--step-ms", type=float, default=20.0, help="virtual time a step takes (a device step)")
     h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--prefix-cache", default="device+host", choices=("off", "device", "device+host"),
+                   help="the prefix cache's tiers (default: both, the engine's default)")
     h.add_argument("--json", metavar="PATH")
     h.set_defaults(handler=_host)

@@ -46,8 +46,12 @@ class HostBenchConfig:
     host_blocks: int = H200_HOST_BLOCKS
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    prefix_cache: str = "device+host"  # the engine's default (engine/config.py PREFIX_CACHE_MODES)
 
     def __post_init__(self) -> None:
+        from tokenflow_ray.engine.config import prefix_cache_overrides
+
+        prefix_cache_overrides(self.prefix_cache)  # a bad mode is refused here
         streams = self.streams
         if not streams or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in streams):
             raise ValueError(f"streams: expected positive integers, got {self.streams!r}")
@@ -91,7 +95,7 @@ def host_requests(cfg: HostBenchConfig, n: int) -> list[tuple[int, int]]:
 def build_engine(cfg: HostBenchConfig, policy: str, n: int):
     """An engine on a NullRunner and a virtual clock with n streams queued at t=0 (also used by the tests)."""
     from tokenflow_ray.engine.clock import VirtualClock
-    from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from tokenflow_ray.engine.config import CacheConfig, EngineConfig, SchedulerConfig, prefix_cache_overrides
     from tokenflow_ray.engine.llm_engine import LLMEngine
     from tokenflow_ray.engine.null_runner import NullRunner
     from tokenflow_ray.engine.sampling import SamplingParams
@@ -101,7 +105,7 @@ def build_engine(cfg: HostBenchConfig, policy: str, n: int):
     info = model_info(deployment("h200", "llama3-8b"))
     config = EngineConfig(
         cache=CacheConfig(block_size=cfg.block_size, num_device_blocks=cfg.device_blocks,
-                          num_host_blocks=cfg.host_blocks),
+                          num_host_blocks=cfg.host_blocks, **prefix_cache_overrides(cfg.prefix_cache)),
         scheduler=SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                   max_num_batched_tokens=cfg.max_num_batched_tokens, policy=policy),
         record_history=n)
@@ -195,5 +199,5 @@ def run_host_bench(cfg: HostBenchConfig, progress=print) -> dict:
 
 def config_from_args(args) -> HostBenchConfig:
     cfg = HostBenchConfig(streams=args.streams, policies=args.policies, steps=args.steps, warmup=args.warmup,
-                          repeats=args.repeats, seed=args.seed)
+                          repeats=args.repeats, seed=args.seed, prefix_cache=args.prefix_cache)
     return replace(cfg, step_s=args.step_ms / 1e3)

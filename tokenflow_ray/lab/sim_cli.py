@@ -87,12 +87,14 @@ def _simulate(args: argparse.Namespace) -> int:
     args.gpu = args.gpu or ("4090" if args.ablation else "h200")
     args.setup_given = args.setup is not None
     args.setup = args.setup or ("b" if args.ablation else "a")
+    if args.prefix_cache and not single_run:
+        raise ValueError("--prefix-cache: only with --trace or a single setup run")
     if args.trace:
         if args.table or args.table_from or args.sweep or args.ablation or args.setup_given or migration:
             raise ValueError("--trace: replaces --setup; not with --table, --sweep, --ablation or --migration")
         out = experiments.run_trace(args.gpu, args.model, trace, policies, replicas=args.replicas,
                                     router=args.router, seed=args.seed, tokenflow=tokenflow_config(args.tokenflow),
-                                    checks=not args.no_checks, progress=progress)
+                                    checks=not args.no_checks, progress=progress, prefix_cache=args.prefix_cache)
         _print_trace_run(out)
         write_json(args.json, out)
         return 0
@@ -131,7 +133,7 @@ def _simulate(args: argparse.Namespace) -> int:
                                     router=args.router, seed=args.seed, rate=args.rate, num_requests=args.requests,
                                     checks=not args.no_checks, progress=progress, migration=migration,
                                     length_scale=args.length_scale, tokenflow=tokenflow_config(args.tokenflow),
-                                    what_if=tuple(w.strip() for w in (args.what_if or "").split(",") if w.strip()))
+                                    prefix_cache=args.prefix_cache, what_if=tuple(w.strip() for w in (args.what_if or "").split(",") if w.strip()))
         out["setup"]["tokenflow"] = args.tokenflow
         print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{args.replicas}")
         _print_policies(out["policies"])
@@ -180,6 +182,12 @@ def _print_trace_run(out: dict) -> None:
 
     print(out["setup"]["describe"], "on", out["setup"]["deployment"], f"x{out['setup']['replicas']}")
     _print_policies(out["policies"])
+    for name, s in out["policies"].items():
+        pc = s["prefix_cache"]
+        if pc["mode"] != "off":
+            total = max(pc["prompt_tokens"], 1)
+            print(f"prefix cache {name} ({pc['mode']}): prompt tokens hit {pc['hit_tokens_device'] / total:.1%} on the "
+                  f"device, {pc['hit_tokens_host'] / total:.1%} on the host, of {pc['prompt_tokens']:,}")
     for name, report in out.get("guards", {}).items():
         print(f"guards {name}: {'ok' if report['ok'] else 'FAILED'} {describe(report)}")
 
@@ -380,6 +388,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--migration-interval", type=float, default=1.0, help="the migration tick, virtual s")
     p.add_argument("--migration-waiting", action="store_true",
                    help="streams waiting to start move too (MigrationSettings.move_waiting), not only paused ones")
+    p.add_argument("--prefix-cache", default=None, choices=("off", "device", "device+host"),
+                   help="with --trace or one setup: the prefix cache's tiers (default: the engine's, both); hits come "
+                        "from the trace's hash_ids (Mooncake) and from paused streams' own blocks")
     p.add_argument("--no-checks", action="store_true", help="skip the per-step conservation checks")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", default=None)

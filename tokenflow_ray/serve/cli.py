@@ -12,7 +12,8 @@ def _serve(args: argparse.Namespace) -> int:
     # model, load_format and policy are engine options: ServeConfig.from_dict puts them in its engine config.
     overrides = {"model": args.model, "load_format": args.load_format, "replicas": args.replicas,
                  "policy": args.policy, "host": args.host, "port": args.port, "api_key": args.api_key,
-                 "router": args.router, "http": args.http, "tokenizer_dir": args.tokenizer, "pin_cpus": args.pin_cpus}
+                 "router": args.router, "http": args.http, "tokenizer_dir": args.tokenizer, "pin_cpus": args.pin_cpus,
+                 "enable_prefix_caching": False if args.no_prefix_caching else None}
     if args.config:
         config = ServeConfig.from_yaml(args.config, **overrides)
     else:
@@ -39,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http", choices=HTTP_PLACEMENTS,
                    help="who answers HTTP: the replicas (direct, one hop; default) or an ingress deployment in front "
                         "(a dead replica's streams then get an error event instead of a closed connection)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="compute every prompt from its first token (default: reuse the KV of a cached prefix, on the "
+                        "device and in the host store)")
     p.add_argument("--config", metavar="serve.yaml", help="a Serve config YAML (also valid for `serve run`)")
     p.add_argument("--pin-cpus", type=int, metavar="N",
                    help="pin each replica to N CPUs of its own, by its local rank on the node (default 0: none)")

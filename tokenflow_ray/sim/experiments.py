@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 
 from tokenflow_ray.cluster.migration_policy import MigrationSettings
+from tokenflow_ray.engine.config import prefix_cache_overrides
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.metrics import summarize
 from tokenflow_ray.metrics.guards import guards
@@ -42,6 +43,15 @@ from tokenflow_ray.workloads.traces import Trace
 Progress = Callable[[int, int], None] | None
 
 
+def prefix_cache_summary(engines: Sequence) -> dict:
+    """The prefix cache's prompt hits per tier, summed over the replicas (issue 42's JSON)."""
+    stats = [e.scheduler.prefix_stats for e in engines]
+    return {"mode": engines[0].config.cache.prefix_cache_mode,
+            "prompt_tokens": sum(s.prompt_tokens for s in stats),
+            "hit_tokens_device": sum(s.prompt_hit_tokens_device for s in stats),
+            "hit_tokens_host": sum(s.prompt_hit_tokens_host for s in stats)}
+
+
 def summarize_outcome(outcome: SimOutcome) -> dict:
     engines = [r.engine for r in outcome.replicas]
     to_host = sum(e.scheduler.bytes_to_host for e in engines)
@@ -49,7 +59,8 @@ def summarize_outcome(outcome: SimOutcome) -> dict:
     summary = summarize(outcome.records, bytes_to_host=to_host, bytes_from_host=from_host).to_dict()
     completion = max((r.token_times[-1] for r in outcome.records if r.token_times), default=0.0)
     # No wall-clock figure here: a seed's JSON must be identical run to run (the scale command times runs).
-    summary.update(completion_s=completion, steps=outcome.steps, per_replica_streams=outcome.per_replica_streams)
+    summary.update(completion_s=completion, steps=outcome.steps, per_replica_streams=outcome.per_replica_streams,
+                   prefix_cache=prefix_cache_summary(engines))
     if outcome.migration is not None:
         summary.update(migration=outcome.migration.totals.to_dict(),
                        stream_migrations=sum(r.migrations for r in outcome.records))
@@ -91,8 +102,10 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
               tokenflow: TokenFlowConfig | None = None, checks: bool = True,
               progress: Callable[[str], Progress] | None = None, migration: MigrationSettings | None = None,
               migration_link: MigrationLink | None = None, length_scale: float = 1.0,
-              what_if: tuple[str, ...] = ()) -> dict:
+              what_if: tuple[str, ...] = (), prefix_cache: str | None = None) -> dict:
+    """`prefix_cache`: off, device or device+host (None: the engine's default)."""
     setup = paper_setup(gpu, name)
+    overrides = prefix_cache_overrides(prefix_cache) if prefix_cache else None
     dep = deployment(gpu, model)
     requests = setup_requests(setup, seed=seed, rate=rate, num_requests=num_requests,
                               max_total=dep.model.max_model_len, length_scale=length_scale)
@@ -100,13 +113,14 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
     for policy in policies:
         bar = progress(policy) if progress is not None else None
         results[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
-                                          checks=checks, seed=seed, progress=bar, migration=migration,
-                                          migration_on=False, migration_link=migration_link,
+                                          cache_overrides=overrides, checks=checks, seed=seed, progress=bar,
+                                          migration=migration, migration_on=False, migration_link=migration_link,
                                           length_scale=length_scale, what_if=what_if)
         if migration is not None:
             bar = progress(f"{policy}+migration") if progress is not None else None
             moved[policy] = simulate_policy(gpu, model, policy, requests, replicas, router, tokenflow,
-                                            checks=checks, seed=seed, progress=bar, migration=migration,
+                                            cache_overrides=overrides, checks=checks, seed=seed, progress=bar,
+                                            migration=migration,
                                             migration_link=migration_link, length_scale=length_scale,
                                             what_if=what_if)
     out = {"setup": {**setup_dict(setup, gpu, model, requests, replicas, router, rate, seed),
@@ -122,10 +136,12 @@ def run_setup(gpu: str, model: str, name: str, policies: Sequence[str] = POLICY_
 
 def run_trace(gpu: str, model: str, trace: Trace, policies: Sequence[str] = ("fcfs", "tokenflow"),
               replicas: int = 1, router: str = "slack", seed: int = 0, tokenflow: TokenFlowConfig | None = None,
-              checks: bool = True, progress: Callable[[str], Progress] | None = None) -> dict:
+              checks: bool = True, progress: Callable[[str], Progress] | None = None,
+              prefix_cache: str | None = None) -> dict:
     """A replayed trace (workloads/traces.py) under each policy on the same requests; tokenflow's reader-felt
-    guards against fcfs (metrics/guards.py) beside the ratios. The JSON: `setup` (the trace as replayed),
-    `policies: {name: summary}`, `ours`, `guards`."""
+    guards against fcfs (metrics/guards.py) beside the ratios. `prefix_cache`: off, device or device+host (None:
+    the engine's default). The JSON: `setup` (the trace as replayed), `policies: {name: summary}` (each with
+    `prefix_cache: {mode, prompt_tokens, hit_tokens_device, hit_tokens_host}`), `ours`, `guards`."""
     dep = deployment(gpu, model)
     too_long = [r for r in trace.requests if r.prompt_len + r.output_len > dep.model.max_model_len]
     if too_long:
@@ -135,7 +151,9 @@ def run_trace(gpu: str, model: str, trace: Trace, policies: Sequence[str] = ("fc
     for policy in policies:
         bar = progress(policy) if progress is not None else None
         results[policy] = simulate_policy(gpu, model, policy, trace.requests, replicas, router, tokenflow,
-                                          checks=checks, seed=seed, progress=bar)
+                                          checks=checks, seed=seed, progress=bar,
+                                          cache_overrides=prefix_cache_overrides(prefix_cache) if prefix_cache
+                                          else None)
     out = {"setup": {**trace.describe(), "describe": _trace_label(trace), "gpu": gpu, "model": model,
                      "deployment": dep.name, "tp": dep.tp, "kv_pool_tokens": dep.kv_pool_tokens,
                      "replicas": replicas, "router": router if replicas > 1 else None},

@@ -1,4 +1,6 @@
 """`tokenflow bench peer`: one seeded workload against our server (fcfs, then tokenflow) and then vLLM, compared.
+`--workload conversations` is multi-turn chat behind a shared system prompt (conversations.py), our server with
+prefix caching and without it (the `-nocache` systems) against vLLM with its own.
 
 Everything that could differ is held equal: the model directory, the KV pool in bytes (ours in 16-token blocks,
 vLLM's in its 128-token CPU blocks, both figures reported), the batch caps, the CPU threads (our replica's torch
@@ -23,11 +25,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tokenflow_ray.client import LoadResult, StreamSpec, run_load
+from tokenflow_ray.lab.peer.conversations import (
+    ConversationResult,
+    ConversationWorkload,
+    print_conversations,
+    run_conversations,
+)
 from tokenflow_ray.workloads.generators import LengthDist, RequestSpec, WorkloadSpec, make_requests
 
-PEER_WORKLOADS = ("burst", "poisson", "mixed")
-SYSTEMS = ("fcfs", "tokenflow", "vllm")  # also the run order: ours first, vLLM only for its own turn
-OURS = ("fcfs", "tokenflow")
+PEER_WORKLOADS = ("burst", "poisson", "mixed", "conversations")
+# Also the run order: ours first, vLLM only for its own turn. `-nocache`: ours with prefix caching off.
+SYSTEMS = ("fcfs", "tokenflow", "fcfs-nocache", "tokenflow-nocache", "vllm")
+OURS = ("fcfs", "tokenflow", "fcfs-nocache", "tokenflow-nocache")
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,10 @@ class PeerBenchConfig:
     vllm_env: str | None = None  # None: cache_root()/peers/vllm-<version>, created if missing
     log_dir: str | None = None  # vLLM's server log goes here
     repeats: int = 1  # each figure is the median over this many rounds (systems take turns within a round)
+    # conversations: `streams` conversations of `turns` turns behind a `system_len`-token system prompt, user
+    # messages of `prompt_len` tokens, replies of `max_tokens`
+    turns: int = 4
+    system_len: int = 1024
 
     def __post_init__(self) -> None:
         if self.workload not in PEER_WORKLOADS:
@@ -67,7 +80,7 @@ class PeerBenchConfig:
                              f"got {','.join(self.systems)!r}")
         object.__setattr__(self, "systems", tuple(s for s in SYSTEMS if s in self.systems))  # fixed run order
         for name in ("repeats", "streams", "prompt_len", "max_tokens", "kv_blocks", "block_size", "vllm_block_size",
-                     "max_model_len", "max_num_batched_tokens", "threads"):
+                     "max_model_len", "max_num_batched_tokens", "threads", "turns", "system_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
@@ -95,7 +108,13 @@ class PeerBenchConfig:
 
     @property
     def max_prompt_len(self) -> int:
+        if self.workload == "conversations":
+            return self.conversation_workload().max_prompt_len
         return self.prompt_len + self.prompt_len // 2  # the prompt length distribution's upper clamp
+
+    def conversation_workload(self) -> ConversationWorkload:
+        return ConversationWorkload(conversations=self.streams, turns=self.turns, system_len=self.system_len,
+                                    user_len=self.prompt_len, max_tokens=self.max_tokens, seed=self.seed)
 
     @property
     def batch_cap(self) -> int:
@@ -132,11 +151,14 @@ class PeerBenchConfig:
         n = max(4, min(self.streams, -(-self.max_num_batched_tokens // self.prompt_len)))
         return [StreamSpec(prompt_text(self.seed + 1, i, self.prompt_len), max_tokens=8) for i in range(n)]
 
-    def serve_config(self, policy: str):
+    def serve_config(self, system: str):
+        """Our server as `system` runs it: the policy, and prefix caching off for a `-nocache` system."""
         from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
+        policy, _, variant = system.partition("-")
         return ServeConfig(app_name="peer", num_cpus=self.threads, images=False,
                            engine=serve_engine(model=self.model, dtype="float32", policy=policy,
+                                               enable_prefix_caching=variant != "nocache",
                                                num_device_blocks=self.kv_blocks, num_host_blocks=self.host_blocks,
                                                block_size=self.block_size, max_num_seqs=self.batch_cap,
                                                max_num_batched_tokens=self.max_num_batched_tokens))
@@ -162,8 +184,13 @@ def kv_bytes_per_token(model_dir: Path, dtype_bytes: int = 4) -> int:
 # ---- the runs ------------------------------------------------------------------------------------------------
 
 
-def _load(url: str, cfg: PeerBenchConfig, specs: list[StreamSpec], name: str, reports: float | None) -> LoadResult:
+def _load(url: str, cfg: PeerBenchConfig, specs: list[StreamSpec], name: str,
+          reports: float | None) -> LoadResult | ConversationResult:
     asyncio.run(run_load(url, cfg.warmup_specs(), model=cfg.model, timeout_s=120, report_interval_s=reports))
+    if cfg.workload == "conversations":
+        wl = cfg.conversation_workload()
+        print(f"{name}: {wl.conversations} conversations x {wl.turns} turns", flush=True)
+        return asyncio.run(run_conversations(url, wl, model=cfg.model, timeout_s=cfg.timeout_s))
     done = [0]
 
     def on_done(_) -> None:
@@ -220,7 +247,8 @@ def run_vllm(cfg: PeerBenchConfig, specs: list[StreamSpec], python: Path, model_
     settings = VllmServerSettings(python=python, model_dir=model_dir, served_model_name=cfg.model,
                                   num_blocks=cfg.vllm_blocks, block_size=cfg.vllm_block_size,
                                   max_model_len=cfg.max_model_len, max_num_seqs=cfg.batch_cap,
-                                  max_num_batched_tokens=cfg.max_num_batched_tokens, threads=cfg.threads)
+                                  max_num_batched_tokens=cfg.max_num_batched_tokens, threads=cfg.threads,
+                                  prefix_caching=True if cfg.workload == "conversations" else None)
     log_path = log_dir / "vllm_server.log"
     print(f"vllm: starting the server (log: {log_path})", flush=True)
     start = time.monotonic()
@@ -230,7 +258,9 @@ def run_vllm(cfg: PeerBenchConfig, specs: list[StreamSpec], python: Path, model_
     return result, vllm_server_argv(settings, int(url.rsplit(":", 1)[1]))[2:]
 
 
-def system_summary(res: LoadResult) -> dict:
+def system_summary(res: LoadResult | ConversationResult) -> dict:
+    if isinstance(res, ConversationResult):
+        return res.summary()
     s = res.summary().to_dict()
     keys = ("ttft_p50_s", "ttft_p99_s", "effective_tput", "raw_tput", "stall_s", "qoe_mean", "ttft_mean_s",
             "tbt_p50_s", "tbt_p99_s", "makespan_s", "stall_per_stream_mean_s")
@@ -249,7 +279,9 @@ def median_summary(rounds: list[dict]) -> dict:
     for key, value in rounds[-1].items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = statistics.median(r[key] for r in rounds)
-    out["rounds"] = {k: [r[k] for r in rounds] for k in ("ttft_p99_s", "effective_tput", "raw_tput", "stall_s")}
+    keys = ("later_ttft_p50_s", "later_ttft_p99_s", "later_cached_share") if "later_ttft_p50_s" in out else (
+        "ttft_p99_s", "effective_tput", "raw_tput", "stall_s")
+    out["rounds"] = {k: [r[k] for r in rounds] for k in keys}
     return out
 
 
@@ -265,7 +297,7 @@ def run_peer_bench(cfg: PeerBenchConfig) -> tuple[dict, dict[str, LoadResult]]:
     python = ensure_vllm_env(cfg.vllm_env) if "vllm" in cfg.systems else None  # fail or install before ours runs
     log_dir = Path(cfg.log_dir or "out/peer")
     log_dir.mkdir(parents=True, exist_ok=True)
-    specs = cfg.specs()
+    specs = [] if cfg.workload == "conversations" else cfg.specs()
 
     rounds: dict[str, list[dict]] = {}
     runs: dict[str, LoadResult] = {}  # the last round's, for the plots
@@ -289,17 +321,9 @@ def run_peer_bench(cfg: PeerBenchConfig) -> tuple[dict, dict[str, LoadResult]]:
     if python is not None and "vllm" not in systems:
         systems["vllm"] = {"error": vllm_error}
 
-    reqs = cfg.requests()
     report = {
         "systems": systems,
-        "workload": {"name": cfg.workload, "streams": cfg.streams, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
-                     "prompt_tokens_mean": sum(r.prompt_len for r in reqs) / len(reqs),
-                     "prompt_tokens_min": min(r.prompt_len for r in reqs),
-                     "prompt_tokens_max": max(r.prompt_len for r in reqs),
-                     "rates": {str(k): v for k, v in sorted(Counter(r.rate for r in reqs).items())},
-                     "sum_rates": sum(r.rate for r in reqs), "last_arrival_s": max(r.arrival_s for r in reqs),
-                     "burst_s": cfg.burst_s if cfg.workload != "poisson" else None,
-                     "arrival_rate": cfg.arrival_rate if cfg.workload == "poisson" else None},
+        "workload": _workload_dict(cfg),
         "kv": {"bytes_per_token": per_token, "ours_blocks": cfg.kv_blocks, "ours_block_size": cfg.block_size,
                "ours_bytes": cfg.kv_blocks * cfg.block_size * per_token, "ours_host_blocks": cfg.host_blocks,
                "vllm_blocks": cfg.vllm_blocks, "vllm_block_size": cfg.vllm_block_size,
@@ -316,10 +340,27 @@ def run_peer_bench(cfg: PeerBenchConfig) -> tuple[dict, dict[str, LoadResult]]:
     return report, runs
 
 
+def _workload_dict(cfg: PeerBenchConfig) -> dict:
+    if cfg.workload == "conversations":
+        return {"name": cfg.workload, **asdict(cfg.conversation_workload()),
+                "max_prompt_tokens": cfg.max_prompt_len}
+    reqs = cfg.requests()
+    return {"name": cfg.workload, "streams": cfg.streams, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
+            "prompt_tokens_mean": sum(r.prompt_len for r in reqs) / len(reqs),
+            "prompt_tokens_min": min(r.prompt_len for r in reqs),
+            "prompt_tokens_max": max(r.prompt_len for r in reqs),
+            "rates": {str(k): v for k, v in sorted(Counter(r.rate for r in reqs).items())},
+            "sum_rates": sum(r.rate for r in reqs), "last_arrival_s": max(r.arrival_s for r in reqs),
+            "burst_s": cfg.burst_s if cfg.workload != "poisson" else None,
+            "arrival_rate": cfg.arrival_rate if cfg.workload == "poisson" else None}
+
+
 def print_table(report: dict) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    if report["workload"]["name"] == "conversations":
+        return print_conversations(report)
     w, kv = report["workload"], report["kv"]
     table = Table(title=f"{w['name']}: {w['streams']} streams x {w['max_tokens']} tokens, readers {w['rates']} tok/s, "
                         f"KV {kv['ours_bytes'] / 2**20:.1f} MiB (ours) / {kv['vllm_bytes'] / 2**20:.1f} MiB (vLLM)")

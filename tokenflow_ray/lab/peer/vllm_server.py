@@ -231,6 +231,7 @@ class VllmServerSettings:
     dtype: str = "float32"
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
+    prefix_caching: bool | None = None  # None: vLLM's default (on in V1); True/False: said explicitly
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -250,7 +251,10 @@ def vllm_server_argv(s: VllmServerSettings, port: int) -> list[str]:
             "--served-model-name", s.served_model_name, "--dtype", s.dtype, "--max-model-len", str(s.max_model_len),
             "--host", s.host, "--port", str(port), "--block-size", str(s.block_size),
             "--num-gpu-blocks-override", str(s.num_blocks), "--max-num-seqs", str(s.max_num_seqs),
-            "--max-num-batched-tokens", str(s.max_num_batched_tokens), "--disable-uvicorn-access-log"]
+            "--max-num-batched-tokens", str(s.max_num_batched_tokens), "--disable-uvicorn-access-log",
+            # usage.prompt_tokens_details.cached_tokens, as ours reports it
+            "--enable-prompt-tokens-details"] + (
+        [] if s.prefix_caching is None else ["--enable-prefix-caching" if s.prefix_caching else "--no-enable-prefix-caching"])
 
 
 def vllm_cpu_env(threads: int) -> dict[str, str]:
