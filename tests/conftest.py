@@ -46,3 +46,13 @@ def serve_url(ray_instance) -> str:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the Ray instance must be marked `ray`: README's test command runs the unmarked ones two at
+    a time (pytest-xdist) and the marked ones alone, and two Ray instances at once on two cores spoil the streams
+    their tests time."""
+    unmarked = [item.nodeid for item in items
+                if "ray_instance" in getattr(item, "fixturenames", ()) and item.get_closest_marker("ray") is None]
+    if unmarked:
+        raise pytest.UsageError(f"these take the Ray instance but are not marked `ray`: {unmarked}")

@@ -17,7 +17,7 @@ MAX_LINES = 200
 # The two commands for a fresh machine, byte for byte: `.ci/run` runs each of them in a fresh virtual environment.
 COMMANDS = (
     "pip install torch==2.13.0 && pip install -e . && tokenflow demo",
-    'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest -q',
+    'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest -q -n 2 -m "not ray" && python -m pytest -q -m ray',
 )
 # A Markdown link or image: [text](target) / ![alt](target); the target ends at whitespace or the closing paren.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

@@ -34,3 +34,19 @@ def test_policy_bench_replays_a_trace_on_the_real_engine(tmp_path, capsys):
 def test_trace_options_need_a_trace(capsys):
     assert main(["bench", "policies", "--window", "0:1"]) == 2
     assert "only with --trace" in capsys.readouterr().err
+
+
+def test_prefix_cache_modes_reach_the_bench_engine():
+    import pytest
+
+    from tokenflow_ray.lab.policy_bench import PolicyBenchConfig, bench_engine_config
+    from tokenflow_ray.workloads.generators import RequestSpec
+
+    requests = [RequestSpec(index=0, arrival_s=0.0, prompt_len=32, output_len=64, rate=20.0)]
+    tiers = {mode: bench_engine_config(PolicyBenchConfig(prefix_cache=mode), "fcfs", requests).cache
+             for mode in ("off", "device", "device+host")}
+    assert [(c.enable_prefix_caching, c.host_prefix_caching) for c in tiers.values()] == \
+        [(False, False), (True, False), (True, True)]
+    assert bench_engine_config(PolicyBenchConfig(), "fcfs", requests).cache == tiers["device+host"]  # the default
+    with pytest.raises(ValueError, match="--prefix-cache"):
+        PolicyBenchConfig(prefix_cache="host")

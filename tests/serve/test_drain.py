@@ -23,18 +23,18 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfdrain"
-# Long enough to outlast the scale-down (2-3 s after both replicas hold streams here, but Serve's and the central
-# actor's polls can add seconds) by seconds: on an idle box the policy runs them well ahead of their 20 tok/s
-# readers. At 1000 tokens a clean-clone run's moved streams ended 0.9 s after the victim was gone; at 1600 tokens and
-# 8 streams the victim left 4.5-5.0 s before them here, yet one clean-clone run saw them end first. 16 streams make
-# the survivor's batch twice as large. 1600 tokens (of the model's 2048 positions) fill 1616 of its 2048 blocks.
-STREAMS, MAX_TOKENS = 16, 1600
+# The streams must outlast the scale-down by seconds, and their demand must fit one replica at the policy's
+# scale-down utilization on a slow box too. At 20 tok/s (320 in all), one CI run's box made 150 tok/s in all: no
+# scale-down came and the streams ended undrained. At 5 tok/s, 16 readers ask 80 tok/s. With spare capacity the
+# policy runs streams ahead of their readers, so their length, not the rate, sets how long they last: at 1000 tokens
+# the victim was gone 5.1 s after both replicas held streams here, and its former streams ended at 29.9 s.
+STREAMS, MAX_TOKENS, RATE = 16, 1000, 5.0
 
 
 def _config():
     from tokenflow_ray.serve.config import ServeConfig, serve_engine
 
-    # Scale-down once the streams have been on both replicas for a few seconds (their demand, 320 tok/s and 16
+    # Scale-down once the streams have been on both replicas for a few seconds (their demand, 80 tok/s and 16
     # streams in a batch of 32, fits one replica at the policy's scale-down utilization of half). Each replica pinned to a core of its own, so the survivor runs the moved
     # streams on one core whatever the box. On an AVX-512 EPYC, unpinned, with a 4 s delay, a moved stream ended
     # 0.03 s after the victim was gone, and with a 2 s delay the victim's one stream ended before it was gone.
@@ -49,7 +49,7 @@ def _config():
 
 def _body(i: int, stream: bool = True) -> dict:
     return {"model": "embedded", "prompt": f"Drained reader {i}:", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-            "temperature": 0, "stream": stream, "consumption_rate": 20.0,
+            "temperature": 0, "stream": stream, "consumption_rate": RATE,
             **({"stream_options": {"include_usage": True}} if stream else {})}
 
 
@@ -124,7 +124,8 @@ def test_a_replica_stopped_for_scale_down_hands_its_streams_over_and_stops_first
         undeploy(config)
 
     sources = {m["source"] for m in moves}
-    assert len(sources) == 1 and sources <= before, (sources, before, moves)  # one replica, drained
+    ends = sorted(round(o["ended"] - t_scale, 1) for o in out.values())
+    assert len(sources) == 1 and sources <= before, (sources, before, moves, gone_at and gone_at - t_scale, ends)
     (victim,) = sources
     on_victim = [i for i, rid in owner.items() if rid == victim]
     ended_moved = max(out[i]["ended"] for i in on_victim)
@@ -140,6 +141,6 @@ def test_a_replica_stopped_for_scale_down_hands_its_streams_over_and_stops_first
     assert moved == {ids[i] for i in on_victim}, (moves, on_victim)
     # The stopping replica did not wait for its streams: it was gone while they still ran elsewhere. One that waited
     # would be gone only after they ended; gone_at is sampled every 0.2 s, so it is never early. Pinned, with a 2 s
-    # delay and 16 streams, the victims here went 7.1-10.9 s before their former streams ended.
+    # delay and 16 streams of 1000 tokens, the victim here went 24.8 s before its former streams ended.
     assert gone_at is not None and gone_at < ended_moved - 0.5, (gone_at - t_scale, ended_moved - t_scale)
 

@@ -48,6 +48,7 @@ def test_generated_datasets_are_parquet_and_reused(tmp_path):
         write_generated("faces", tmp_path, 4)
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_folder_pipeline_skips_and_counts_corrupt_files(ray_session, tmp_path):
     folder = tmp_path / "imgs"

@@ -13,6 +13,7 @@ past its computed prefix, which are its own.
 
 from __future__ import annotations
 
+import operator
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
@@ -168,6 +169,9 @@ class BlockPool:
     def key_of(self, block: int) -> int | None:
         return self._key[block]
 
+    def keys_of(self, blocks: Sequence[int]) -> list[int | None]:
+        return list(map(self._key.__getitem__, blocks))
+
     def _forget(self, b: int) -> None:
         key = self._key[b]
         if key is not None:
@@ -178,10 +182,45 @@ class BlockPool:
     # ---- invariants -------------------------------------------------------------------------------------------
     def check_integrity(self, owners: Iterable[Sequence[int]]) -> None:
         """Every block is either free (0 refs: in the free list or, with cached content, the evictable set, once)
-        or referenced exactly by its owners; the key maps agree."""
+        or referenced exactly by its owners; the key maps agree.
+
+        Tests call this after every step of pools of thousands of blocks, so the common case (all well) is checked
+        in bulk (map over C getters, list counts); only a failure walks the blocks one by one, to name the first
+        bad one."""
         counts: Counter[int] = Counter()
         for blocks in owners:
             counts.update(blocks)
+        if not self._integrity_holds(counts):
+            self._name_the_broken_block(counts)
+            raise BlockIntegrityError("the block pool's books disagree")  # the walk names what it finds first
+
+    def _integrity_holds(self, counts: Counter[int]) -> bool:
+        refs, key, free, evictable, by_key = self._refs, self._key, self._free, self._evictable, self._by_key
+        n = self.num_blocks
+        if counts and (min(counts) < 0 or max(counts) >= n):
+            return False
+        zeros = refs.count(0)
+        # Owned blocks: each counted block's refcount is its owner count, and no other block has owners.
+        if n - zeros != len(counts) or not all(map(operator.eq, map(refs.__getitem__, counts), counts.values())):
+            return False
+        # Free blocks: the free list and the evictable set are disjoint, without repeats, and are the zero-ref
+        # blocks (their sizes add up to the zero count and each has no refs).
+        if len(free) + len(evictable) != zeros or len(set(free)) != len(free) or not evictable.keys().isdisjoint(free):
+            return False
+        if any(map(refs.__getitem__, free)) or any(map(refs.__getitem__, evictable)):
+            return False
+        # Keys: free blocks hold none, evictable ones do; each key finds its block, and those are all the keyed
+        # blocks (the map's values are distinct, as each block has one key).
+        if list(map(key.__getitem__, free)).count(None) != len(free) or None in map(key.__getitem__, evictable):
+            return False
+        if len(by_key) != n - key.count(None) or len(self._tokens) != len(by_key):
+            return False
+        return all(map(operator.eq, map(key.__getitem__, by_key.values()), by_key.keys())) and \
+            self._tokens.keys() == set(by_key.values())
+
+    def _name_the_broken_block(self, counts: Counter[int]) -> None:
+        if any(b < 0 or b >= self.num_blocks for b in counts):
+            raise BlockIntegrityError(f"an owner holds a block out of range: {sorted(counts)[:3]}...")
         free_counts = Counter(self._free)
         if any(c > 1 for c in free_counts.values()):
             raise BlockIntegrityError("a block is in the free list twice")

@@ -98,10 +98,12 @@ class SchedulerAccounting:
             assert not s.status.finished, f"{s.stream_id}: finished stream still live"
             assert s.num_computed_tokens <= s.num_tokens, f"{s.stream_id}: computed beyond its tokens"
             assert s.num_keyed_blocks <= len(s.block_ids), f"{s.stream_id}: offered blocks it does not hold"
-            for i, b in enumerate(s.block_ids):  # a cached block in its table holds the stream's own content
-                key = self.pool.key_of(b)
-                assert key is None or (i < len(s.block_keys) and key == s.block_keys[i]), \
-                    f"{s.stream_id}: block {i} is cached with another prefix"
+            # A cached block in its table holds the stream's own content (its key is the stream's, or it has none).
+            keys, own = self.pool.keys_of(s.block_ids), s.block_keys
+            if keys[:len(own)] != own[:len(keys)] or keys[len(own):].count(None) != len(keys[len(own):]):
+                for i, key in enumerate(keys):  # the slow walk: blocks cached by another stream are plain here
+                    assert key is None or (i < len(own) and key == own[i]), \
+                        f"{s.stream_id}: block {i} is cached with another prefix"
             if s.status == StreamStatus.RUNNING:
                 lo, hi = self.pool.blocks_for_tokens(s.num_computed_tokens), self.pool.blocks_for_tokens(s.num_tokens)
                 assert lo <= len(s.block_ids) <= hi, f"{s.stream_id}: block table does not match its tokens"

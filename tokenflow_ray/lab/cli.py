@@ -136,7 +136,7 @@ def _policies(args: argparse.Namespace) -> int:
     cfg = PolicyBenchConfig(workload=args.workload, num_requests=args.requests, rate=args.rate,
                             kv_fraction=args.kv_fraction, length_scale=1 / 8 if args.trace else args.length_scale,
                             seed=args.seed,
-                            repeats=args.repeats,
+                            repeats=args.repeats, prefix_cache=args.prefix_cache,
                             policies=tuple(p for p in args.policies.split(",") if p),
                             tokenflow=TokenFlowConfig(delta_t=args.delta_t, mu=args.mu, pace=args.pace))
     from tokenflow_ray.lab.sim_cli import EMBEDDED_MAX_CONTEXT, trace_from_args
@@ -250,6 +250,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="median over this many runs")
     p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")
+    p.add_argument("--prefix-cache", default="device+host", choices=("off", "device", "device+host"),
+                   help="the prefix cache's tiers (default: both, the engine's default)")
     p.add_argument("--sweep", action="store_true",
                    help="the burst at --loads x measured decode capacity, then the --presets (one PNG: sweep.png)")
     p.add_argument("--loads", type=float_list, help="--sweep: burst loads, x capacity (default 0.5,0.75,1,1.25,1.5)")

@@ -15,7 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tokenflow_ray.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenflow_ray.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    prefix_cache_overrides,
+)
 from tokenflow_ray.engine.policies import POLICY_NAMES, TokenFlowConfig
 from tokenflow_ray.engine.sampling import SamplingParams
 from tokenflow_ray.metrics import summarize
@@ -57,12 +63,14 @@ class PolicyBenchConfig:
     max_run_s: float = 600.0  # a run still going after this long is stopped with an error
     num_threads: int = 1  # torch intra-op threads: the copy thread needs the other core (see ModelConfig)
     repeats: int = 3  # each figure is the median over this many runs (policies take turns within a repeat)
+    prefix_cache: str = "device+host"  # the prefix cache's tiers: the engine's default (engine/config.py)
 
     def __post_init__(self) -> None:
         if self.workload not in ("burst", "poisson", "gamma", "mixed"):
             raise ValueError(f"workload: expected burst, poisson, gamma or mixed, got {self.workload!r}")
         if unknown := set(self.policies) - set(POLICY_NAMES):
             raise ValueError(f"policies: unknown {sorted(unknown)}; choose from {', '.join(POLICY_NAMES)}")
+        prefix_cache_overrides(self.prefix_cache)  # a bad mode is refused here
         if not 0 < self.kv_fraction <= 1 or self.host_factor < 0 or self.num_requests <= 0:
             raise ValueError("kv_fraction must be in (0, 1], host_factor >= 0, num_requests > 0")
         if not 0 < self.mix_low <= 1:
@@ -99,7 +107,8 @@ def bench_engine_config(cfg: PolicyBenchConfig, policy: str, requests: list[Requ
                         cache_overrides: dict | None = None) -> EngineConfig:
     """The engine the bench runs `requests` on under `policy` (also what `simulate validate --trace` replays)."""
     device_blocks, host_blocks = pool_sizes(cfg, requests)
-    cache = CacheConfig(block_size=cfg.block_size, num_device_blocks=device_blocks, num_host_blocks=host_blocks)
+    cache = CacheConfig(block_size=cfg.block_size, num_device_blocks=device_blocks, num_host_blocks=host_blocks,
+                        **prefix_cache_overrides(cfg.prefix_cache))
     return EngineConfig(
         model=ModelConfig(model=cfg.model, dtype="float32", num_threads=cfg.num_threads),
         cache=replace(cache, **(cache_overrides or {})),

@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
+from tokenflow_ray.lab.peer.systems_table import systems_table
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -173,27 +175,11 @@ async def run_conversations(base_url: str, wl: ConversationWorkload, *, model: s
 
 def print_conversations(report: dict) -> str:
     """`tokenflow bench peer --workload conversations`'s table: TTFT of first and later turns, the cached share."""
-    from rich.console import Console
-    from rich.table import Table
-
     w, kv = report["workload"], report["kv"]
-    table = Table(title=f"conversations: {w['conversations']} x {w['turns']} turns behind a {w['system_len']}-token "
-                        f"system prompt, KV {kv['ours_bytes'] / 2**20:.1f} MiB (ours, + host store) / "
-                        f"{kv['vllm_bytes'] / 2**20:.1f} MiB (vLLM)")
-    for col in ("system", "turn 1 TTFT p50 (s)", "later TTFT p50 (s)", "later TTFT p99 (s)", "later mean (s)",
-                "cached share", "done"):
-        table.add_column(col, justify="left" if col == "system" else "right")
-
-    def fmt(v, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
-    for name, p in report["systems"].items():
-        if "error" in p:
-            table.add_row(name, "error", "", "", "", "", "")
-            continue
-        table.add_row(name, fmt(p["first_turn_ttft_p50_s"], ".3f"), fmt(p["later_ttft_p50_s"], ".3f"),
-                      fmt(p["later_ttft_p99_s"], ".3f"), fmt(p["later_ttft_mean_s"], ".3f"),
-                      fmt(p["later_cached_share"], ".1%"), f"{p['complete']}/{p['turns']}")
-    console = Console(record=True)
-    console.print(table)
-    return console.export_text()
+    return systems_table(
+        f"conversations: {w['conversations']} x {w['turns']} turns behind a {w['system_len']}-token system prompt, "
+        f"KV {kv['ours_bytes'] / 2**20:.1f} MiB (ours, + host store) / {kv['vllm_bytes'] / 2**20:.1f} MiB (vLLM)",
+        [("turn 1 TTFT p50 (s)", "first_turn_ttft_p50_s", ".3f"), ("later TTFT p50 (s)", "later_ttft_p50_s", ".3f"),
+         ("later TTFT p99 (s)", "later_ttft_p99_s", ".3f"), ("later mean (s)", "later_ttft_mean_s", ".3f"),
+         ("cached share", "later_cached_share", ".1%")],
+        report["systems"], lambda p: f"{p['complete']}/{p['turns']}")

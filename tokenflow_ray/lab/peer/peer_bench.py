@@ -31,6 +31,7 @@ from tokenflow_ray.lab.peer.conversations import (
     print_conversations,
     run_conversations,
 )
+from tokenflow_ray.lab.peer.systems_table import systems_table
 from tokenflow_ray.workloads.generators import LengthDist, RequestSpec, WorkloadSpec, make_requests
 
 PEER_WORKLOADS = ("burst", "poisson", "mixed", "conversations")
@@ -356,26 +357,12 @@ def _workload_dict(cfg: PeerBenchConfig) -> dict:
 
 
 def print_table(report: dict) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
     if report["workload"]["name"] == "conversations":
         return print_conversations(report)
     w, kv = report["workload"], report["kv"]
-    table = Table(title=f"{w['name']}: {w['streams']} streams x {w['max_tokens']} tokens, readers {w['rates']} tok/s, "
-                        f"KV {kv['ours_bytes'] / 2**20:.1f} MiB (ours) / {kv['vllm_bytes'] / 2**20:.1f} MiB (vLLM)")
-    for col in ("system", "TTFT p50 (s)", "TTFT p99 (s)", "effective tok/s", "raw tok/s", "stall (s)", "done"):
-        table.add_column(col, justify="left" if col == "system" else "right")
-
-    def fmt(v, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
-    for name, p in report["systems"].items():
-        if "error" in p:
-            table.add_row(name, "error", "", "", "", "", "")
-            continue
-        table.add_row(name, fmt(p["ttft_p50_s"], ".2f"), fmt(p["ttft_p99_s"], ".2f"), fmt(p["effective_tput"], ".1f"),
-                      fmt(p["raw_tput"], ".1f"), fmt(p["stall_s"], ".1f"), f"{p['complete']}/{p['streams']}")
-    console = Console(record=True)
-    console.print(table)
-    return console.export_text()
+    return systems_table(
+        f"{w['name']}: {w['streams']} streams x {w['max_tokens']} tokens, readers {w['rates']} tok/s, "
+        f"KV {kv['ours_bytes'] / 2**20:.1f} MiB (ours) / {kv['vllm_bytes'] / 2**20:.1f} MiB (vLLM)",
+        [("TTFT p50 (s)", "ttft_p50_s", ".2f"), ("TTFT p99 (s)", "ttft_p99_s", ".2f"),
+         ("effective tok/s", "effective_tput", ".1f"), ("raw tok/s", "raw_tput", ".1f"), ("stall (s)", "stall_s", ".1f")],
+        report["systems"], lambda p: f"{p['complete']}/{p['streams']}")
