@@ -1,3 +1,5 @@
+from collections import Counter
+
 import pytest
 
 from tokenflow_ray.engine.block_pool import BlockIntegrityError, BlockPool, NoFreeBlocksError
@@ -96,7 +98,7 @@ def test_the_bulk_check_and_the_block_walk_agree_on_random_corruptions():
             del pool._tokens[next(iter(pool._tokens))]
         elif corruption == 8:
             owners.append([24])  # out of range
-        fast = pool._integrity_holds(__import__("collections").Counter(b for o in owners for b in o))
+        fast = pool._integrity_holds(Counter(b for o in owners for b in o))
         assert fast == _walk_finds_nothing(pool, owners), (trial, corruption)
         verdicts[fast] += 1
         if fast:

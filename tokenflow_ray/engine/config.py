@@ -71,6 +71,7 @@ class ModelConfig:
 # The prefix cache's tiers by name (the simulator's and benches' --prefix-cache): mode -> (enable_prefix_caching,
 # host_prefix_caching).
 PREFIX_CACHE_MODES = MappingProxyType({"off": (False, False), "device": (True, False), "device+host": (True, True)})
+DEFAULT_PREFIX_CACHE = "device+host"  # the engine's default: both tiers on
 
 
 def prefix_cache_overrides(mode: str) -> dict:

@@ -224,6 +224,10 @@ class Scheduler(SchedulerAccounting, SchedulerAdmission, SchedulerResults, Sched
         # Write-through feeds the policy's pauses and the host tier of the prefix cache (for any policy).
         if budget > 0 and self.cache.write_through and host is not None and (self.policy.uses_host_store
                                                                                or host.caching):
-            running = self.by_status(StreamStatus.RUNNING)
-            by_buffer = sorted(running, key=lambda s: -s.reader.buffer_seconds_at(now))
+            # Only streams with a full block not yet mirrored (most have none on a given step); filtering before
+            # the stable sort keeps the order the full sort gave them.
+            bs = self.kv.block_size
+            behind = [s for s in self.by_status(StreamStatus.RUNNING)
+                      if s.num_host_tokens // bs < s.num_computed_tokens // bs]
+            by_buffer = sorted(behind, key=lambda s: -s.reader.buffer_seconds_at(now))
             self.kv.write_through(by_buffer, budget)

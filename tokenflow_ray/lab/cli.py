@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tokenflow_ray.cli_args import float_list, int_list, name_list, write_json
+from tokenflow_ray.engine.config import DEFAULT_PREFIX_CACHE, PREFIX_CACHE_MODES
 
 
 def _engine(args: argparse.Namespace) -> int:
@@ -250,7 +251,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="median over this many runs")
     p.add_argument("--ablation", action="store_true", help="also: no offload, no write-through, no overlap")
-    p.add_argument("--prefix-cache", default="device+host", choices=("off", "device", "device+host"),
+    p.add_argument("--prefix-cache", default=DEFAULT_PREFIX_CACHE, choices=tuple(PREFIX_CACHE_MODES),
                    help="the prefix cache's tiers (default: both, the engine's default)")
     p.add_argument("--sweep", action="store_true",
                    help="the burst at --loads x measured decode capacity, then the --presets (one PNG: sweep.png)")
@@ -376,7 +377,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--repeats", type=int, default=3, help="runs per cell; medians reported")
     h.add_argument("--step-ms", type=float, default=20.0, help="virtual time a step takes (a device step)")
     h.add_argument("--seed", type=int, default=0)
-    h.add_argument("--prefix-cache", default="device+host", choices=("off", "device", "device+host"),
+    h.add_argument("--prefix-cache", default=DEFAULT_PREFIX_CACHE, choices=tuple(PREFIX_CACHE_MODES),
                    help="the prefix cache's tiers (default: both, the engine's default)")
     h.add_argument("--json", metavar="PATH")
     h.set_defaults(handler=_host)

@@ -23,6 +23,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 
+from tokenflow_ray.engine.config import DEFAULT_PREFIX_CACHE
 from tokenflow_ray.engine.policies import POLICY_NAMES
 from tokenflow_ray.workloads.prompts import distinct_prompt
 
@@ -46,7 +47,7 @@ class HostBenchConfig:
     host_blocks: int = H200_HOST_BLOCKS
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    prefix_cache: str = "device+host"  # the engine's default (engine/config.py PREFIX_CACHE_MODES)
+    prefix_cache: str = DEFAULT_PREFIX_CACHE  # the engine's default
 
     def __post_init__(self) -> None:
         from tokenflow_ray.engine.config import prefix_cache_overrides

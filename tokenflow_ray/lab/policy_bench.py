@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from tokenflow_ray.engine.config import (
+    DEFAULT_PREFIX_CACHE,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -63,7 +64,7 @@ class PolicyBenchConfig:
     max_run_s: float = 600.0  # a run still going after this long is stopped with an error
     num_threads: int = 1  # torch intra-op threads: the copy thread needs the other core (see ModelConfig)
     repeats: int = 3  # each figure is the median over this many runs (policies take turns within a repeat)
-    prefix_cache: str = "device+host"  # the prefix cache's tiers: the engine's default (engine/config.py)
+    prefix_cache: str = DEFAULT_PREFIX_CACHE  # the prefix cache's tiers: the engine's default
 
     def __post_init__(self) -> None:
         if self.workload not in ("burst", "poisson", "gamma", "mixed"):

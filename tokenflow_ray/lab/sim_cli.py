@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from tokenflow_ray.engine.config import PREFIX_CACHE_MODES
+
 
 def _progress_factory(enabled: bool):
     if not enabled:
@@ -383,12 +385,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ablation", action="store_true", help="Table 2 variants (default 4090, setup b)")
     p.add_argument("--streams", type=int, default=None, help="validate: streams per regime (40); scale: streams")
     p.add_argument("--repeats", type=int, default=3, help="validate --trace: real runs per policy (medians)")
-    p.add_argument("--migration", action="store_true",
-                   help="with --replicas > 1: each policy also with the central actor's live migration")
+    p.add_argument("--migration", action="store_true", help="with --replicas > 1: also with live migration")
     p.add_argument("--migration-interval", type=float, default=1.0, help="the migration tick, virtual s")
     p.add_argument("--migration-waiting", action="store_true",
                    help="streams waiting to start move too (MigrationSettings.move_waiting), not only paused ones")
-    p.add_argument("--prefix-cache", default=None, choices=("off", "device", "device+host"),
+    p.add_argument("--prefix-cache", default=None, choices=tuple(PREFIX_CACHE_MODES),
                    help="with --trace or one setup: the prefix cache's tiers (default: the engine's, both); hits come "
                         "from the trace's hash_ids (Mooncake) and from paused streams' own blocks")
     p.add_argument("--no-checks", action="store_true", help="skip the per-step conservation checks")
