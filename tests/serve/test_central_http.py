@@ -175,7 +175,7 @@ def test_killing_the_central_actor_mid_burst_loses_no_stream_and_no_report(centr
 
     url, config = central_app
     central = central_actor(config)
-    readers, tokens = 6, 1900  # one replica has three or more: their streams share it for several seconds
+    readers, tokens = 6, 1100  # one replica has three or more: their streams share it for several seconds
 
     async def report(http: httpx.AsyncClient, sid: str, rate: float) -> tuple[int, float, float]:
         sent = time.monotonic()

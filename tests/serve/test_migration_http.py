@@ -15,10 +15,12 @@ from tests.serve.conftest import central_actor
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 APP = "tfmigrate"
-# Near the embedded model's 2048-token context: a replica with room generates ahead of its reader, so a lone
-# stream runs at full speed (384 tokens: a 0.7 s read on the AVX-512 EPYC, and a clean-clone CI run's move order
-# found that stream finished); 1900 take about 3.5 s there.
+# Near the embedded model's 2048-token context, so the stream is still generating when the move order comes (384
+# tokens: a 0.7 s read unpaced on the AVX-512 EPYC, and a clean-clone CI run's move order found that stream
+# finished). The policy paces a stream near its reader's declared rate: at READ_RATE a read lasts ~10 s (at 40
+# tok/s it lasted ~30 s, and each test reads twice).
 MAX_TOKENS = 1900
+READ_RATE = 200.0
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def _request(**sampling) -> dict:
     # its 0.2 s registration batch).
     return dict(model="embedded", prompt="The reader moved to", max_tokens=MAX_TOKENS, stream=True,
                 stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True, "consumption_rate": 40.0}, **sampling)
+                extra_body={"ignore_eos": True, "consumption_rate": READ_RATE}, **sampling)
 
 
 def _read(client, move=None, **sampling) -> tuple[str, set[str], int, dict | None]:

@@ -31,7 +31,14 @@ def test_bench_small_agrees_with_naive(tmp_path):
     assert "train_images_s" not in result  # added by the training pipeline, never faked here
 
 
-def test_quick_experiment_writes_json_table_and_plots(tmp_path):
+def test_quick_experiment_writes_json_table_and_plots(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from tokenflow_ray.tokenizer.experiment import run
+
+    # The command's whole path at a few steps: this checks the JSON, table and plots, not what training reaches
+    # (the recorded runs in docs/results/tokenizer.md do), and --quick's 30 steps an arm took ~2 minutes of the suite.
+    monkeypatch.setattr(run, "QUICK", replace(run.QUICK, steps=4, teacher_steps=8))
     out, plots = tmp_path / "exp.json", tmp_path / "plots"
     assert main(["tokenizer", "experiment", "--json", str(out), "--plots", str(plots), "--quick"]) == 0
     result = json.loads(out.read_text())
